@@ -1,0 +1,43 @@
+# odpwatch: build a patched kernel, boot it under QEMU, demonstrate and test.
+# Everything runs from a fresh Debian 12 machine as root; see README.md.
+
+DEBUG ?= 0
+VARIANT := $(if $(filter 1 yes y,$(DEBUG)),debug,std)
+
+.PHONY: help demo check check-debug vm kernel rootfs guest series check-series lint clean
+
+help:
+	@echo "make demo            build, boot the odpwatch kernel, run the narrated demonstration"
+	@echo "make check           build, boot and run every test suite (out/check/results.json)"
+	@echo "make check-debug     the same on the debug kernel (KASAN, lockdep, kmemleak)"
+	@echo "make vm CMD='...'    run a command in the booted guest (repo at /odpwatch)"
+	@echo "make series          export the kernel change as a patch series (out/series)"
+	@echo "make check-series    apply the exported series to a fresh base and build it"
+	@echo "make lint            checkpatch --strict and clang-format on our code"
+	@echo "Variables: DEBUG=1 (debug kernel), BASE=<tree or tarball>, TIMEOUT=<s>"
+
+demo:
+	scripts/run.sh demo $(VARIANT)
+
+check:
+	scripts/run.sh check $(VARIANT)
+	scripts/check-series.sh
+	scripts/lint.sh
+
+check-debug:
+	scripts/run.sh check debug
+
+vm:
+	scripts/run.sh vm $(VARIANT)
+
+series:
+	scripts/export-series.sh
+
+check-series:
+	scripts/check-series.sh
+
+lint:
+	scripts/lint.sh
+
+clean:
+	rm -rf out

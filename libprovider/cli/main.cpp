@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
+// odpwatch: one command-line tool, with subcommands.
+#include "cli.hpp"
+#include "verbs.hpp"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string_view>
+
+namespace
+{
+
+using namespace odpwatch;
+
+void usage(FILE *f)
+{
+	std::fprintf(f, "usage: odpwatch [-d DEVICE] COMMAND\n"
+			"commands:\n"
+			"  caps   the device's On-Demand Paging capabilities\n"
+			"  demo   the registration-cache problem, shown with RDMA traffic\n");
+}
+
+int caps(const cli::Options &opt)
+{
+	verbs::Context ctx = verbs::open_device(opt.device);
+	odpwatch_odp_caps c{};
+	if (int rc = odpwatch_query_odp_caps(ctx.get(), &c))
+		throw verbs::Error("odpwatch_query_odp_caps", -rc);
+	std::printf("%s: %s", ibv_get_device_name(ctx->device), cli::describe_caps(c).c_str());
+	return 0;
+}
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+	cli::Options opt;
+	int i = 1;
+	for (; i < argc && argv[i][0] == '-'; i++) {
+		std::string_view a = argv[i];
+		if ((a == "-d" || a == "--device") && i + 1 < argc) {
+			opt.device = argv[++i];
+		} else if (a == "-h" || a == "--help") {
+			usage(stdout);
+			return 0;
+		} else {
+			std::fprintf(stderr, "odpwatch: unknown option %s\n", argv[i]);
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (i >= argc) {
+		usage(stderr);
+		return 2;
+	}
+	std::string_view cmd = argv[i];
+	try {
+		if (cmd == "caps")
+			return caps(opt);
+		if (cmd == "demo")
+			return cli::demo(opt);
+	} catch (const verbs::Error &e) {
+		std::fprintf(stderr, "odpwatch %s: %s\n", argv[i], e.what());
+		if (e.err() == ENODEV)
+			std::fprintf(stderr, "hint: create a soft-RoCE device: "
+					     "rdma link add rxe0 type rxe netdev <netdev>\n");
+		else if (e.err() == EPERM || e.err() == EACCES)
+			std::fprintf(stderr,
+				     "hint: raise RLIMIT_MEMLOCK or run with CAP_IPC_LOCK\n");
+		return 1;
+	}
+	std::fprintf(stderr, "odpwatch: unknown command %s\n", argv[i]);
+	usage(stderr);
+	return 2;
+}

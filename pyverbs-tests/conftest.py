@@ -1,0 +1,113 @@
+# SPDX-License-Identifier: GPL-2.0
+"""Fixtures for odpwatch's pyverbs tests: the rxe device and a loopback RC QP."""
+import ctypes
+import os
+import time
+
+import pytest
+import pyverbs.enums as e
+from pyverbs.addr import AHAttr, GlobalRoute
+from pyverbs.cq import CQ
+from pyverbs.device import Context
+from pyverbs.pd import PD
+from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+from pyverbs.wr import SGE, SendWR
+
+RDMA_DEV = os.environ.get("RDMA_DEV", "rxe0")
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+PROT_RW = 0x3
+MAP_PRIVATE, MAP_ANONYMOUS, MAP_FIXED_NOREPLACE, MAP_HUGETLB = 0x02, 0x20, 0x100000, 0x40000
+MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def mmap_anon(length, addr=None, flags=0):
+    """Map anonymous memory (exactly at addr if given); returns its address."""
+    fl = MAP_PRIVATE | MAP_ANONYMOUS | flags | (MAP_FIXED_NOREPLACE if addr else 0)
+    p = libc.mmap(addr, length, PROT_RW, fl, -1, 0)
+    if p in (None, MAP_FAILED):
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    if addr and p != addr:
+        libc.munmap(p, length)
+        raise OSError("mmap did not land at the requested address")
+    return p
+
+
+def munmap(addr, length):
+    if libc.munmap(addr, length):
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+
+
+def roce_v2_ipv4_gid_index(dev, port=1):
+    """The first RoCE v2 GID with an IPv4-mapped address, from sysfs."""
+    base = f"/sys/class/infiniband/{dev}/ports/{port}"
+    for name in sorted(os.listdir(f"{base}/gids"), key=int):
+        try:
+            with open(f"{base}/gid_attrs/types/{name}") as f:
+                gid_type = f.read().strip()
+            with open(f"{base}/gids/{name}") as f:
+                gid = f.read().strip()
+        except OSError:
+            continue
+        if gid_type == "RoCE v2" and gid.startswith("0000:0000:0000:0000:0000:ffff:"):
+            return int(name)
+    raise RuntimeError(f"{dev}: no RoCE v2 IPv4 GID (does the netdev have an address?)")
+
+
+class LoopbackQP:
+    """An RC QP connected to itself: RDMA goes through the whole transport."""
+
+    def __init__(self, ctx, pd, port=1):
+        self.cq = CQ(ctx, 16)
+        cap = QPCap(max_send_wr=8, max_recv_wr=8, max_send_sge=1, max_recv_sge=1)
+        init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap)
+        attr = QPAttr(port_num=port)
+        attr.qp_access_flags = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE |
+                                e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_ATOMIC)
+        self.qp = QP(pd, init, attr)
+        gid_index = roce_v2_ipv4_gid_index(RDMA_DEV, port)
+        gr = GlobalRoute(dgid=ctx.query_gid(port, gid_index), sgid_index=gid_index)
+        attr.ah_attr = AHAttr(port_num=port, is_global=1, gr=gr)
+        attr.dest_qp_num = self.qp.qp_num
+        attr.path_mtu = e.IBV_MTU_1024
+        attr.max_dest_rd_atomic = 1
+        attr.max_rd_atomic = 1
+        attr.min_rnr_timer = 12
+        attr.timeout = 14
+        attr.retry_cnt = 7
+        attr.rnr_retry = 7
+        attr.rq_psn = attr.sq_psn = 0
+        self.qp.to_rts(attr)
+
+    def rdma(self, opcode, src_mr, src_addr, length, dst_mr, dst_addr, timeout=30.0):
+        """Post one signaled RDMA WRITE or READ and return its completion status."""
+        wr = SendWR(opcode=opcode, num_sge=1, sg=[SGE(src_addr, length, src_mr.lkey)])
+        wr.set_wr_rdma(dst_mr.rkey, dst_addr)
+        self.qp.post_send(wr)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            n, wcs = self.cq.poll()
+            if n:
+                return wcs[0].status
+            time.sleep(0.0005)
+        raise TimeoutError("no completion")
+
+
+@pytest.fixture
+def ctx():
+    with Context(name=RDMA_DEV) as c:
+        yield c
+
+
+@pytest.fixture
+def pd(ctx):
+    with PD(ctx) as p:
+        yield p
+
+
+@pytest.fixture
+def loopback(ctx, pd):
+    return LoopbackQP(ctx, pd)

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Build the guest's userspace in a chroot of its root filesystem, so it links
+# against the guest's libraries: our kselftests (with the kernel's selftest
+# framework and the built tree's uAPI headers) and libprovider.
+# Results land in $OUT/guest (the guest sees it at /out/guest).
+#   build-guest.sh ROOTFS KSRC KBUILD
+. "$(dirname "$0")/lib.sh"
+
+rootfs=$1 ksrc=$2 kbuild=$3
+selftests=$(cd "$TOP/selftests" && find . -mindepth 2 -maxdepth 2 -name Makefile -printf '%h\n' | sed 's|^\./||' | sort | paste -sd' ')
+mkdir -p "$OUT/guest"
+run() { "$TOP/scripts/in-chroot.sh" "$rootfs" "$ksrc" "$kbuild" -- "$@"; }
+
+log "guest: kselftests ($selftests)"
+rm -rf "$OUT/guest/selftests"
+run make -s -C /kernel/src/tools/testing/selftests TARGETS="$selftests" \
+	O=/out/guest/selftests-build KHDR_INCLUDES="-isystem /kernel/build/usr/include" \
+	INSTALL_PATH=/out/guest/selftests install >"$OUT/guest/selftests-build.log" 2>&1 ||
+	{ tail -30 "$OUT/guest/selftests-build.log" >&2; die "kselftest build failed; log: $OUT/guest/selftests-build.log"; }
+
+log "guest: libprovider (C++20)"
+run sh -c 'cmake -S /odpwatch/libprovider -B /out/guest/libprovider-build -DCMAKE_INSTALL_PREFIX=/out/guest >/dev/null &&
+	cmake --build /out/guest/libprovider-build -j'"$(nproc)"' &&
+	cmake --install /out/guest/libprovider-build >/dev/null' >"$OUT/guest/libprovider-build.log" 2>&1 ||
+	{ tail -30 "$OUT/guest/libprovider-build.log" >&2; die "libprovider build failed; log: $OUT/guest/libprovider-build.log"; }

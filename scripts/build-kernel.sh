@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Build the materialised kernel: configure from our fragments (only when they
+# change), build bzImage and the uAPI headers with ccache.
+#   build-kernel.sh SRC BUILD VARIANT     VARIANT: std or debug
+. "$(dirname "$0")/lib.sh"
+
+src=$1 build=$2 variant=$3
+frags=("$TOP/configs/kernel.config")
+[ "$variant" = debug ] && frags+=("$TOP/configs/debug.config")
+mkdir -p "$build"
+
+export CCACHE_DIR=${CCACHE_DIR:-$CACHE/ccache}
+# Paths relative to the tree's parent, so trees laid out alike share hits.
+export CCACHE_BASEDIR=$(dirname "$src")
+export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-12G}
+export KBUILD_BUILD_TIMESTAMP="odpwatch" KBUILD_BUILD_USER=odpwatch KBUILD_BUILD_HOST=odpwatch
+kmake() { make -C "$src" O="$build" CC="ccache gcc" HOSTCC="ccache gcc" -j"$(nproc)" "$@"; }
+
+want=$(key_of "${frags[@]}")
+if [ "$(cat "$build/.odpwatch-config-key" 2>/dev/null)" != "$want" ] || [ ! -f "$build/.config" ]; then
+	log "kernel: configuring ($variant): tinyconfig + ${frags[*]##*/}"
+	kmake -s tinyconfig >/dev/null
+	"$src/scripts/kconfig/merge_config.sh" -m -O "$build" "$build/.config" "${frags[@]}" >"$build/merge.log" 2>&1
+	kmake -s olddefconfig >/dev/null
+	# Every option we asked for must have survived olddefconfig.
+	bad=$(cat "${frags[@]}" | grep -E '^CONFIG_|^# CONFIG_.* is not set' | sort -u | while read -r line; do
+		case $line in
+		'# '*) opt=${line#\# }; opt=${opt%% *}
+			grep -q "^$opt=" "$build/.config" && echo "$opt (wanted unset)" ;;
+		*) grep -qxF "$line" "$build/.config" || echo "$line" ;;
+		esac
+	done | sort -u)
+	# An option named twice (kernel.config, then debug.config) keeps the last value.
+	bad=$(for o in $bad; do case $o in CONFIG_LOCALVERSION=*) ;; *) echo "$o" ;; esac; done)
+	[ -z "$bad" ] || die "config options that did not take (missing dependency?): $(echo $bad)"
+	echo "$want" >"$build/.odpwatch-config-key"
+fi
+
+log "kernel: building bzImage and headers ($variant) in $build"
+if ! kmake bzImage >"$build/build.log" 2>&1; then
+	grep -E 'error|Error' "$build/build.log" | head -40 >&2
+	die "kernel build failed; full log: $build/build.log"
+fi
+grep -c '^  CC ' "$build/build.log" | xargs -I{} echo "kernel: {} objects compiled" >&2
+kmake -s headers >>"$build/build.log" 2>&1 || die "make headers failed; log: $build/build.log"
+# New warnings in our own code are errors for us.
+if grep -E 'warning:' "$build/build.log" >"$build/warnings.log"; then
+	log "kernel: $(wc -l <"$build/warnings.log") warning line(s), see $build/warnings.log"
+fi
+printf '%s\n' "$build/arch/x86/boot/bzImage"

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Check the exported series the way a reviewer would use it: git am onto a
+# fresh base tree, compare the result with the materialised tree, build it.
+. "$(dirname "$0")/lib.sh"
+
+stage "export series" "$TOP/scripts/export-series.sh"
+tree=$(cat "$OUT/.tree" 2>/dev/null || "$TOP/scripts/materialise.sh")
+# Laid out like the main tree (src/ and build-std/ side by side) so ccache hits.
+root=$(dirname "$tree")/series-check
+rm -rf "$root/src"
+mkdir -p "$root"
+git clone -q --shared --no-checkout "$tree" "$root/src"
+g() { git -C "$root/src" -c user.name=reviewer -c user.email=reviewer@localhost "$@"; }
+g checkout -q -b review odpwatch-base
+for p in "$OUT"/series/0*.patch; do
+	case $p in *0000-cover-letter.patch) continue ;; esac
+	g am -q "$p" || die "the exported series does not apply with git am: $(basename "$p")"
+done
+# The tree the series produces must be exactly the tree we build and test.
+want=$(cd "$tree" && GIT_INDEX_FILE=$(mktemp -u) sh -c 'git add -A . && git write-tree; rm -f "$GIT_INDEX_FILE"')
+have=$(g rev-parse 'HEAD^{tree}')
+if [ "$want" != "$have" ]; then
+	g diff --stat "$have" "$want" >&2 || true
+	die "the series' tree differs from the materialised tree"
+fi
+log "series: applies to the base with git am and yields the tested tree ($have)"
+stage "build the series' tree" "$TOP/scripts/build-kernel.sh" "$root/src" "$root/build-std" std >/dev/null

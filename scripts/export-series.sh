@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Export the whole kernel change as a git format-patch series with a cover
+# letter into $OUT/series, in the order of kernel-patches/series: each patch
+# is applied with git am, each "add" entry commits our own files from the repo.
+. "$(dirname "$0")/lib.sh"
+
+tree=$("$TOP/scripts/materialise.sh")
+work=$CACHE/series-export
+rm -rf "$work"
+git clone -q --shared --no-checkout "$tree" "$work"
+g() { git -C "$work" -c user.name="odpwatch developers" -c user.email=odpwatch@localhost "$@"; }
+g checkout -q -b series odpwatch-base
+
+# Map a repo path to its tree path with the Kbuild overlay list.
+overlay=$(make -s -f - <<<"include $TOP/Kbuild
+all: ; @echo \$(odpwatch-overlay)")
+tree_path() {
+	local e
+	for e in $overlay; do
+		case $1/ in "${e%%:*}"/*) printf '%s%s\n' "${e#*:}" "${1#"${e%%:*}"}"; return ;; esac
+	done
+	die "$1 is under no overlay directory of Kbuild"
+}
+
+covered=$(mktemp)
+while read -r first second third; do
+	case $first in '' | '#'*) continue ;; esac
+	if [ "$first" = add ]; then
+		[ -d "$TOP/$second" ] || die "series: add $second: no such directory"
+		[ -f "$TOP/kernel-patches/messages/$third" ] || die "series: add $second: no message file messages/$third"
+		dst=$(tree_path "$second")
+		mkdir -p "$work/$dst"
+		rsync -r --exclude=.gitkeep "$TOP/$second"/ "$work/$dst"/
+		(cd "$TOP" && find "$second" -type f ! -name .gitkeep) >>"$covered"
+		g add -A -- "$dst"
+		g commit -q -s -F "$TOP/kernel-patches/messages/$third" --no-verify
+	else
+		g am -q "$TOP/kernel-patches/$first" || die "patch does not apply: kernel-patches/$first"
+	fi
+done <"$TOP/kernel-patches/series"
+
+# Every overlay file must be in the series.
+for e in $overlay; do
+	[ -d "$TOP/${e%%:*}" ] && (cd "$TOP" && find "${e%%:*}" -type f ! -name .gitkeep)
+done | sort >"$covered.all"
+missing=$(comm -23 "$covered.all" <(sort -u "$covered"))
+rm -f "$covered" "$covered.all"
+[ -z "$missing" ] || die "files in no 'add' entry of kernel-patches/series: $(echo $missing)"
+
+rm -rf "$OUT/series" && mkdir -p "$OUT/series"
+g format-patch -q --cover-letter --zero-commit --base=odpwatch-base -o "$OUT/series" odpwatch-base..series
+# Fill the cover letter from kernel-patches/cover-letter.txt (subject = first line).
+cover=$(ls "$OUT"/series/0000-cover-letter.patch)
+subject=$(head -n 1 "$TOP/kernel-patches/cover-letter.txt")
+python3 - "$cover" "$subject" "$TOP/kernel-patches/cover-letter.txt" <<'PY'
+import sys
+path, subject, body_file = sys.argv[1:]
+body = open(body_file).read().split("\n", 1)[1].strip("\n")
+text = open(path).read()
+text = text.replace("*** SUBJECT HERE ***", subject).replace("*** BLURB HERE ***", body)
+open(path, "w").write(text)
+PY
+log "series: $(ls "$OUT"/series/*.patch | wc -l) files (cover letter + $(g rev-list --count odpwatch-base..series) patches) in $OUT/series"

@@ -1,0 +1,36 @@
+#!/bin/sh
+# Run every test suite inside the guest. Raw outputs go to DIR (the host turns
+# them into results.json); progress lines go to the console.
+#   run-suites.sh DIR
+dir=$1
+say() { echo "odpwatch: $*"; }
+RDMA_DEV=${RDMA_DEV:-rxe0}
+# rdma-core's suite, module by module (one process for all once crashed
+# pyverbs on vanilla 7.3 after CQ errors).
+RDMA_CORE_MODULES=${RDMA_CORE_MODULES:-test_odp test_mr}
+
+say "suite selftests: running"
+if [ -x /out/guest/selftests/run_kselftest.sh ]; then
+	(cd /out/guest/selftests && ./run_kselftest.sh) >"$dir/selftests.ktap" 2>&1
+	echo "$?" >"$dir/selftests.status"
+	say "suite selftests: $(grep -cE '^# ok [0-9]+ ' "$dir/selftests.ktap") ok, $(grep -cE '^# not ok [0-9]+ ' "$dir/selftests.ktap") not ok"
+else
+	say "suite selftests: not built (no /out/guest/selftests/run_kselftest.sh)"
+fi
+
+say "suite pyverbs-tests: running"
+python3 -m pytest -v -p no:cacheprovider -o console_output_style=classic \
+	--junitxml="$dir/pyverbs-tests.xml" /odpwatch/pyverbs-tests >"$dir/pyverbs-tests.log" 2>&1
+echo "$?" >"$dir/pyverbs-tests.status"
+say "suite pyverbs-tests: $(tail -n 1 "$dir/pyverbs-tests.log")"
+
+say "suite rdma-core: running $RDMA_CORE_MODULES on $RDMA_DEV"
+rm -rf /tmp/rdma-core-tests
+cp -r /usr/share/doc/rdma-core/tests /tmp/rdma-core-tests
+gunzip -f /tmp/rdma-core-tests/*.gz
+for m in $RDMA_CORE_MODULES; do
+	(cd /tmp/rdma-core-tests && python3 run_tests.py --dev "$RDMA_DEV" -v "tests.$m") \
+		>"$dir/rdma-core.$m.log" 2>&1
+	echo "$?" >"$dir/rdma-core.$m.status"
+	say "suite rdma-core: $m: $(grep -E '^(OK|FAILED)' "$dir/rdma-core.$m.log" | tail -n 1)"
+done

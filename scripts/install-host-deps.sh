@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Install what the host needs to build the kernel, make the guest root
+# filesystem and run QEMU. Idempotent: skips apt when everything is there.
+. "$(dirname "$0")/lib.sh"
+
+PKGS=(build-essential bc bison flex libelf-dev libssl-dev cpio rsync xz-utils kmod
+	dwarves python3 git ccache debootstrap qemu-system-x86 qemu-utils
+	clang-format)
+missing=()
+for p in "${PKGS[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+	log "host packages: all ${#PKGS[@]} present"
+	exit 0
+fi
+[ "$(id -u)" -eq 0 ] || die "need root to install: ${missing[*]}"
+log "host packages: installing ${missing[*]}"
+apt-get update -q >/dev/null
+DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,77 @@
+# shellcheck shell=bash
+# Common settings for the odpwatch build scripts: source, don't run.
+set -euo pipefail
+
+TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# Everything slow to make lives outside the repo, keyed so a stale entry is rebuilt.
+CACHE=${ODPWATCH_CACHE:-$HOME/.cache/odpwatch}
+OUT=${ODPWATCH_OUT:-$TOP/out}
+
+# The tested base: Debian's linux-source-7.3 from trixie-backports.
+BASE_PKG=linux-source-7.3
+BASE_VERSION=${BASE_VERSION:-7.3.4-1~bpo13+1}
+# Guest root filesystem suite.
+GUEST_SUITE=trixie
+
+mkdir -p "$CACHE" "$OUT"
+
+log() { printf '%s\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+# stage NAME CMD...: run CMD, print its name before and its duration after.
+stage() {
+	local name=$1 t0 rc=0
+	shift
+	t0=$(date +%s)
+	log "==> $name"
+	"$@" || rc=$?
+	log "<== $name: $(( $(date +%s) - t0 ))s$([ $rc -eq 0 ] || echo ", FAILED (exit $rc)")"
+	return $rc
+}
+
+# The mirror URI from this machine's own apt configuration (deb822 first,
+# then one-line sources); never a hard-coded host.
+debian_mirror() {
+	local uri
+	uri=$(awk '/^URIs:/ { print $2; exit }' /etc/apt/sources.list.d/*.sources 2>/dev/null |
+		grep -m1 . || true)
+	[ -n "$uri" ] || uri=$(awk '$1 == "deb" && $0 ~ /debian/ { for (i = 2; i <= NF; i++) if ($i ~ /:\/\//) { print $i; exit } }' \
+		/etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | grep -m1 . || true)
+	[ -n "$uri" ] || die "no Debian mirror found in /etc/apt/sources.list.d/*.sources or sources.list"
+	# Only the Debian archive proper, not debian-security or third-party repos.
+	case $uri in *debian-security*) die "first apt source is the security archive; cannot derive the mirror" ;; esac
+	printf '%s\n' "${uri%/}"
+}
+
+# A private apt configuration for trixie and trixie-backports (deb and deb-src),
+# so the machine's own sources stay untouched.
+APT_DIR=$CACHE/apt
+apt_private() {
+	local mirror
+	mirror=$(debian_mirror)
+	mkdir -p "$APT_DIR"/etc/sources.list.d "$APT_DIR"/etc/preferences.d "$APT_DIR"/etc/apt.conf.d \
+		"$APT_DIR"/state/lists/partial "$APT_DIR"/cache/archives/partial
+	: >"$APT_DIR"/etc/sources.list
+	cat >"$APT_DIR"/etc/sources.list.d/odpwatch.sources <<-EOT
+	Types: deb deb-src
+	URIs: $mirror
+	Suites: trixie trixie-backports
+	Components: main
+	Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+	EOT
+}
+APT_OPTS=(-o "Dir::Etc=$APT_DIR/etc" -o "Dir::State=$APT_DIR/state" -o "Dir::Cache=$APT_DIR/cache"
+	-o "Dir::Etc::SourceList=$APT_DIR/etc/sources.list" -o "Dir::Etc::SourceParts=$APT_DIR/etc/sources.list.d"
+	-o "Dir::State::status=/var/lib/dpkg/status" -o "APT::Sandbox::User=root" -q)
+
+apt_private_update() {
+	apt_private
+	# Refresh the lists at most once an hour.
+	if [ -z "$(find "$APT_DIR/state/lists" -maxdepth 1 -name '*Packages*' -mmin -60 2>/dev/null | head -1)" ]; then
+		apt-get "${APT_OPTS[@]}" update >/dev/null ||
+			die "apt-get update of trixie/trixie-backports failed (is the mirror reachable?)"
+	fi
+}
+
+# Short content hash of files or strings, for cache keys.
+key_of() { cat "$@" | sha256sum | cut -c1-12; }

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Style gates: checkpatch --strict over the exported kernel series (our code
+# and the commit messages), clang-format over our userspace C and C++.
+. "$(dirname "$0")/lib.sh"
+
+rc=0
+tree=$(cat "$OUT/.tree" 2>/dev/null || "$TOP/scripts/materialise.sh")
+[ -f "$OUT/series/0000-cover-letter.patch" ] || "$TOP/scripts/export-series.sh"
+for p in "$OUT"/series/0*.patch; do
+	case $p in *0000-cover-letter.patch) continue ;; esac
+	if ! out=$("$tree/scripts/checkpatch.pl" --strict --quiet --no-signoff --ignore FILE_PATH_CHANGES \
+		--root="$tree" "$p" 2>&1); then
+		printf '%s\n%s\n' "checkpatch: $(basename "$p")" "$out" >&2
+		rc=1
+	fi
+done
+[ $rc = 0 ] && log "lint: checkpatch --strict clean on $(($(ls "$OUT"/series/0*.patch | wc -l) - 1)) patches"
+
+mapfile -t files < <(cd "$TOP" && git ls-files 'libprovider/*.cpp' 'libprovider/*.hpp' 'libprovider/*.c' 'libprovider/*.h' 2>/dev/null)
+if [ ${#files[@]} -gt 0 ]; then
+	if (cd "$TOP" && clang-format --dry-run --Werror "${files[@]}" 2>&1 | head -40 >&2; exit "${PIPESTATUS[0]}"); then
+		log "lint: clang-format clean on ${#files[@]} files"
+	else
+		log "lint: clang-format wants changes (clang-format -i on the files above)"
+		rc=1
+	fi
+fi
+exit $rc

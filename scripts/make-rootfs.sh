@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Make (or reuse) the guest root filesystem: Debian trixie minbase with the
+# packages of configs/guest-packages.list. Cached outside the repo, keyed by the
+# package list and this script. Prints its path.
+. "$(dirname "$0")/lib.sh"
+
+list=$TOP/configs/guest-packages.list
+stub=$TOP/scripts/guest/odpwatch-init
+key=$(key_of "$list" "$0" "$stub")
+dir=$CACHE/rootfs/$GUEST_SUITE-$key
+if [ -f "$dir/.odpwatch-ready" ]; then
+	printf '%s\n' "$dir"
+	exit 0
+fi
+[ "$(id -u)" -eq 0 ] || die "debootstrap needs root"
+command -v debootstrap >/dev/null || die "debootstrap missing: run scripts/install-host-deps.sh"
+[ -f /usr/share/debootstrap/scripts/$GUEST_SUITE ] || die "this debootstrap does not know $GUEST_SUITE"
+pkgs=$(grep -v '^#' "$list" | grep . | paste -sd, -)
+mirror=$(debian_mirror)
+tmp=$dir.tmp.$$
+rm -rf "$tmp"
+log "rootfs: debootstrap $GUEST_SUITE minbase with $(tr ',' '\n' <<<"$pkgs" | wc -l) packages (once per package list)"
+if ! debootstrap --variant=minbase --include="$pkgs" "$GUEST_SUITE" "$tmp" "$mirror" >"$CACHE/debootstrap.log" 2>&1; then
+	tail -20 "$CACHE/debootstrap.log" >&2
+	rm -rf "$tmp"
+	die "debootstrap failed (a package missing from $GUEST_SUITE?); log: $CACHE/debootstrap.log"
+fi
+install -m 0755 "$stub" "$tmp/sbin/odpwatch-init"
+mkdir -p "$tmp/odpwatch" "$tmp/out" "$tmp/dev/hugepages"
+echo odpwatch >"$tmp/etc/hostname"
+rm -rf "$tmp"/var/cache/apt/archives/*.deb
+# Drop older rootfs generations: they are keyed by lists that no longer exist.
+find "$CACHE/rootfs" -mindepth 1 -maxdepth 1 -name "$GUEST_SUITE-*" ! -name "*.tmp.*" -exec rm -rf {} +
+touch "$tmp/.odpwatch-ready"
+mv "$tmp" "$dir"
+printf '%s\n' "$dir"

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Boot the built kernel under QEMU (TCG, 2 cpus, no NIC, 9p root) and run one
+# guest job; the guest powers itself off when done. A guest still running at
+# the deadline is killed with a message. The full console is always kept in
+# $OUT/JOB/console.log.
+#   run-vm.sh JOB DIR BZIMAGE ROOTFS    JOB: check, demo or vm; DIR under $OUT
+# Env: TIMEOUT (seconds, default 1800), VM_MEM (default 4G).
+. "$(dirname "$0")/lib.sh"
+
+job=$1 dir=$OUT/$2 kernel=$3 rootfs=$4
+timeout=${TIMEOUT:-1800}
+mkdir -p "$dir"
+rm -f "$dir/status" "$dir/console.log"
+log=$dir/console.log
+share() { echo "-fsdev local,id=$1,path=$2,security_model=passthrough$3 -device virtio-9p-pci,fsdev=$1,mount_tag=$1"; }
+# shellcheck disable=SC2046
+qemu-system-x86_64 -machine pc -accel tcg,thread=multi -cpu max -smp 2 -m "${VM_MEM:-4G}" \
+	-nic none -display none -no-reboot -monitor none \
+	-serial "file:$log" -kernel "$kernel" \
+	-append "console=ttyS0 root=rootfs rootfstype=9p rootflags=trans=virtio,version=9p2000.L,msize=512000 ro init=/sbin/odpwatch-init panic=-1 odpwatch.job=$job odpwatch.dir=$2" \
+	$(share rootfs "$rootfs" ,readonly=on) $(share odpwatch "$TOP" ,readonly=on) $(share out "$OUT" "") \
+	</dev/null >"$dir/qemu.log" 2>&1 &
+qpid=$!
+t0=$(date +%s)
+# Progress: the guest's own lines and anything that looks like a splat.
+tail -n +1 -F --pid=$qpid "$log" 2>/dev/null | tr -d '\r' |
+	grep --line-buffered -E '^(\[ *[0-9.]+\] )?(odpwatch:|kmemleak: .*leak|BUG:|WARNING:|Oops|Kernel panic)' &
+tpid=$!
+timed_out=0
+while kill -0 $qpid 2>/dev/null; do
+	if [ $(($(date +%s) - t0)) -ge "$timeout" ]; then
+		timed_out=1
+		kill $qpid 2>/dev/null || true
+		break
+	fi
+	sleep 1
+done
+wait $qpid 2>/dev/null || true
+sleep 0.5
+kill $tpid 2>/dev/null || true
+wait $tpid 2>/dev/null || true
+log "vm: $job ran $(($(date +%s) - t0))s; console log: $log"
+if [ $timed_out = 1 ]; then
+	log "vm: the guest did not power off within ${timeout}s: killed QEMU (pid $qpid). Last console lines:"
+	tail -n 30 "$log" | tr -d '\r' >&2
+	exit 124
+fi
+if [ ! -f "$dir/status" ]; then
+	log "vm: the guest stopped without finishing its job (panic or early failure). Last console lines:"
+	tail -n 30 "$log" | tr -d '\r' >&2
+	cat "$dir/qemu.log" >&2
+	exit 125
+fi
+exit "$(cat "$dir/status")"

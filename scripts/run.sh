@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The whole pipeline, stage by stage with durations:
+#   run.sh check|demo|vm [debug]
+# host packages -> base kernel -> materialised tree -> kernel build -> guest
+# root filesystem -> guest userspace (chroot) -> boot the job -> results.
+. "$(dirname "$0")/lib.sh"
+
+job=$1 variant=${2:-std}
+t0=$(date +%s)
+stage "host packages" "$TOP/scripts/install-host-deps.sh"
+stage "materialise kernel tree" "$TOP/scripts/materialise.sh" >"$OUT/.tree"
+tree=$(cat "$OUT/.tree")
+build=$(dirname "$tree")/build-$variant
+stage "kernel build ($variant)" "$TOP/scripts/build-kernel.sh" "$tree" "$build" "$variant" >"$OUT/.bzimage"
+stage "guest root filesystem" "$TOP/scripts/make-rootfs.sh" >"$OUT/.rootfs"
+rootfs=$(cat "$OUT/.rootfs")
+stage "guest userspace (chroot)" "$TOP/scripts/build-guest.sh" "$rootfs" "$tree" "$build"
+
+dir=$job
+[ "$variant" = std ] || dir=$job-$variant
+if [ "$job" = vm ]; then
+	[ -n "${CMD:-}" ] || die "vm needs a command: make vm CMD='...'"
+	mkdir -p "$OUT/$dir" && printf '%s\n' "$CMD" >"$OUT/$dir/cmd.sh"
+fi
+rc=0
+stage "boot and run '$job' in the guest" "$TOP/scripts/run-vm.sh" "$job" "$dir" "$(cat "$OUT/.bzimage")" "$rootfs" || rc=$?
+case $job in
+check)
+	stage "results" python3 "$TOP/scripts/collect-results.py" "$OUT/$dir" || rc=1
+	log "results: $OUT/$dir/results.json"
+	;;
+vm) log "vm: output of the command:"; cat "$OUT/$dir/output" 2>/dev/null; log "vm: exit status $rc" ;;
+esac
+log "total: $(($(date +%s) - t0))s"
+exit $rc
