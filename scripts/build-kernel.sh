@@ -14,7 +14,8 @@ export CCACHE_DIR=${CCACHE_DIR:-$CACHE/ccache}
 export CCACHE_BASEDIR=$(dirname "$src")
 export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-12G}
 export KBUILD_BUILD_TIMESTAMP="odpwatch" KBUILD_BUILD_USER=odpwatch KBUILD_BUILD_HOST=odpwatch
-kmake() { make -C "$src" O="$build" CC="ccache gcc" HOSTCC="ccache gcc" -j"$(nproc)" "$@"; }
+# LOCALVERSION set (even empty) keeps setlocalversion from appending "+".
+kmake() { make -C "$src" O="$build" LOCALVERSION= CC="ccache gcc" HOSTCC="ccache gcc" -j"$(nproc)" "$@"; }
 
 want=$(key_of "${frags[@]}")
 if [ "$(cat "$build/.odpwatch-config-key" 2>/dev/null)" != "$want" ] || [ ! -f "$build/.config" ]; then
@@ -41,7 +42,7 @@ if ! kmake bzImage >"$build/build.log" 2>&1; then
 	grep -E 'error|Error' "$build/build.log" | head -40 >&2
 	die "kernel build failed; full log: $build/build.log"
 fi
-grep -c '^  CC ' "$build/build.log" | xargs -I{} echo "kernel: {} objects compiled" >&2
+log "kernel: $(grep -c '^  CC ' "$build/build.log" || true) objects compiled"
 kmake -s headers >>"$build/build.log" 2>&1 || die "make headers failed; log: $build/build.log"
 # New warnings in our own code are errors for us.
 if grep -E 'warning:' "$build/build.log" >"$build/warnings.log"; then

@@ -36,7 +36,7 @@ while kill -0 $qpid 2>/dev/null; do
 	sleep 1
 done
 wait $qpid 2>/dev/null || true
-sleep 0.5
+sleep 2 # let tail print the last lines
 kill $tpid 2>/dev/null || true
 wait $tpid 2>/dev/null || true
 log "vm: $job ran $(($(date +%s) - t0))s; console log: $log"

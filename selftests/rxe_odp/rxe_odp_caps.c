@@ -71,7 +71,7 @@ TEST_F(rxe, odp_caps)
 		IBV_ODP_SUPPORT_ATOMIC | IBV_ODP_SUPPORT_SRQ_RECV;
 	const uint32_t ud_need = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV;
 
-	ASSERT_TRUE(odp->general_caps & IBV_ODP_SUPPORT);
+	ASSERT_TRUE(!!(odp->general_caps & IBV_ODP_SUPPORT));
 	EXPECT_EQ(rc_need, odp->per_transport_caps.rc_odp_caps & rc_need);
 	EXPECT_EQ(ud_need, odp->per_transport_caps.ud_odp_caps & ud_need);
 	TH_LOG("general 0x%llx rc 0x%x ud 0x%x",
@@ -91,8 +91,8 @@ TEST_F(rxe, odp_mr_untouched_buffer)
 			IBV_ACCESS_ON_DEMAND | IBV_ACCESS_LOCAL_WRITE |
 			IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
 	ASSERT_NE(NULL, mr) TH_LOG("ibv_reg_mr(ODP): %s", strerror(errno));
-	EXPECT_NE(0, mr->lkey);
-	EXPECT_NE(0, mr->rkey);
+	EXPECT_NE(0U, mr->lkey);
+	EXPECT_NE(0U, mr->rkey);
 	EXPECT_EQ(buf, mr->addr);
 	EXPECT_EQ(BUF_SIZE, mr->length);
 	EXPECT_EQ(0, ibv_dereg_mr(mr));
