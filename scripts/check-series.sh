@@ -7,17 +7,24 @@ stage "export series" "$TOP/scripts/export-series.sh"
 tree=$(cat "$OUT/.tree" 2>/dev/null || "$TOP/scripts/materialise.sh")
 # Laid out like the main tree (src/ and build-std/ side by side) so ccache hits.
 root=$(dirname "$tree")/series-check
-rm -rf "$root/src"
+# Kept between runs; reset to the pristine base (checkout -f, clean -fdx)
+# it is a fresh base tree, and unchanged files keep their mtimes.
 mkdir -p "$root"
-git clone -q --shared --no-checkout "$tree" "$root/src"
+[ -d "$root/src/.git" ] || git clone -q --shared --no-checkout "$tree" "$root/src"
 g() { git -C "$root/src" -c user.name=reviewer -c user.email=reviewer@localhost "$@"; }
-g checkout -q -b review odpwatch-base
+g am --abort >/dev/null 2>&1 || true
+g checkout -q -f -B review odpwatch-base
+g clean -q -fdx
 for p in "$OUT"/series/0*.patch; do
 	case $p in *0000-cover-letter.patch) continue ;; esac
 	g am -q "$p" || die "the exported series does not apply with git am: $(basename "$p")"
 done
 # The tree the series produces must be exactly the tree we build and test.
-want=$(cd "$tree" && GIT_INDEX_FILE=$(mktemp -u) sh -c 'git add -A . && git write-tree; rm -f "$GIT_INDEX_FILE"')
+# (A copy of the tree's index, so git add only hashes what changed.)
+index=$(mktemp)
+cp "$tree/.git/index" "$index"
+want=$(cd "$tree" && GIT_INDEX_FILE=$index git add -A -f . && GIT_INDEX_FILE=$index git write-tree)
+rm -f "$index"
 have=$(g rev-parse 'HEAD^{tree}')
 if [ "$want" != "$have" ]; then
 	g diff --stat "$have" "$want" >&2 || true

@@ -5,11 +5,14 @@
 . "$(dirname "$0")/lib.sh"
 
 tree=$("$TOP/scripts/materialise.sh")
+# A scratch clone, kept between runs and reset to the base each time (a
+# fresh checkout of the whole tree costs half a minute).
 work=$CACHE/series-export
-rm -rf "$work"
-git clone -q --shared --no-checkout "$tree" "$work"
+[ -d "$work/.git" ] || git clone -q --shared --no-checkout "$tree" "$work"
 g() { git -C "$work" -c user.name="odpwatch developers" -c user.email=odpwatch@localhost "$@"; }
-g checkout -q -b series odpwatch-base
+g am --abort >/dev/null 2>&1 || true
+g checkout -q -f -B series odpwatch-base
+g clean -q -fdx
 
 # Map a repo path to its tree path with the Kbuild overlay list.
 overlay=$(make -s -f - <<<"include $TOP/Kbuild
@@ -32,7 +35,8 @@ while read -r first second third; do
 		mkdir -p "$work/$dst"
 		rsync -r --exclude=.gitkeep "$TOP/$second"/ "$work/$dst"/
 		(cd "$TOP" && find "$second" -type f ! -name .gitkeep) >>"$covered"
-		g add -A -- "$dst"
+		# -f: Debian's linux-source .gitignore ignores everything at the top level.
+		g add -A -f -- "$dst"
 		g commit -q -s -F "$TOP/kernel-patches/messages/$third" --no-verify
 	else
 		g am -q "$TOP/kernel-patches/$first" || die "patch does not apply: kernel-patches/$first"

@@ -29,6 +29,7 @@ check)
 	stage "results" python3 "$TOP/scripts/collect-results.py" "$OUT/$dir" || rc=1
 	log "results: $OUT/$dir/results.json"
 	;;
+demo) echo; cat "$OUT/$dir/output" 2>/dev/null ;;
 vm) log "vm: output of the command:"; cat "$OUT/$dir/output" 2>/dev/null; log "vm: exit status $rc" ;;
 esac
 log "total: $(($(date +%s) - t0))s"

@@ -7,10 +7,14 @@ export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/tmp LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1
 
 say() { echo "odpwatch: $*"; }
+# reboot(RB_POWER_OFF) powers off inside the call (minbase has no poweroff
+# binary, python3 is there). sysrq is the fallback; it is asynchronous, so
+# wait with a builtin: once the 9p root is gone no program can be run.
 poweroff_now() {
 	sync
+	python3 -c 'import ctypes; ctypes.CDLL(None).reboot(0x4321FEDC)'
 	echo o >/proc/sysrq-trigger
-	sleep 30
+	while :; do :; done
 }
 
 mount -t sysfs sysfs /sys
@@ -54,9 +58,8 @@ fi
 rc=0
 case $job in
 check) /odpwatch/scripts/guest/run-suites.sh "$jobdir" || rc=$? ;;
-demo) /out/guest/bin/odpwatch demo || rc=$? ;;
-vm) (cd /odpwatch && sh "$jobdir/cmd.sh") >"$jobdir/output" 2>&1 || rc=$?
-	cat "$jobdir/output" ;;
+demo) /out/guest/bin/odpwatch demo >"$jobdir/output" 2>&1 || rc=$? ;;
+vm) (cd /odpwatch && sh "$jobdir/cmd.sh") >"$jobdir/output" 2>&1 || rc=$? ;;
 *) say "unknown job '$job'"; rc=2 ;;
 esac
 
