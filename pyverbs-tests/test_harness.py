@@ -34,6 +34,24 @@ def test_huge_pages_reserved():
     munmap(addr, 2 << 20)
 
 
+def test_hugetlbfs_mounted():
+    """Huge-page MRs over hugetlbfs files need the mount at /dev/hugepages."""
+    import mmap
+    import os
+    with open("/proc/mounts") as f:
+        assert any(l.split()[1:3] == ["/dev/hugepages", "hugetlbfs"] for l in f)
+    path = "/dev/hugepages/odpwatch-test"
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        m = mmap.mmap(fd, 2 << 20)
+        m[:4] = b"huge"
+        assert m[:4] == b"huge"
+        m.close()
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
 @pytest.mark.parametrize("policy,access,expected", [
     # A pinned MR keeps the freed buffer's pages and sends them: the bug a
     # registration cache hits when it cannot see munmap.

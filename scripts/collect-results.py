@@ -114,7 +114,7 @@ def main():
     results = {"suites": {}}
     console = (d / "console.log").read_text(errors="replace").replace("\r", "") \
         if (d / "console.log").exists() else ""
-    m = re.search(r"odpwatch: kernel (\S+)", console)
+    m = re.search(r"odpwatch: kernel ([^\s,]+)", console)
     results["kernel"] = m[1] if m else None
 
     suites = {"selftests": parse_ktap(d / "selftests.ktap"),

@@ -24,11 +24,11 @@ fi
 dir=$CACHE/base/$BASE_PKG-$BASE_VERSION
 if [ ! -f "$dir/.extracted" ]; then
 	apt_private_update
-	avail=$(apt-cache "${APT_OPTS[@]}" madison "$BASE_PKG" | awk '{ print $3 }')
+	avail=$(apt-cache "${APT_OPTS[@]}" madison "$BASE_PKG" | awk '{ print $3 }' | sort -urV)
 	[ -n "$avail" ] || die "package $BASE_PKG not found: the trixie-backports suite is missing from the mirror"
 	if ! grep -qxF "$BASE_VERSION" <<<"$avail"; then
-		die "$BASE_PKG $BASE_VERSION (the tested version) is gone from the archive; it now has: $(echo $avail).
-Try BASE_VERSION=<one of those> and report whether it works."
+		die "$BASE_PKG $BASE_VERSION is not in the archive, which has: $(echo $avail).
+Try BASE_VERSION=<one of those> (the tested version is 7.3.4-1~bpo13+1)."
 	fi
 	newest=$(head -1 <<<"$avail")
 	[ "$newest" = "$BASE_VERSION" ] || log "note: the archive also has $BASE_PKG $newest (untested; BASE_VERSION=$newest to try it)"

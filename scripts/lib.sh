@@ -4,7 +4,7 @@ set -euo pipefail
 
 TOP=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # Everything slow to make lives outside the repo, keyed so a stale entry is rebuilt.
-CACHE=${ODPWATCH_CACHE:-$HOME/.cache/odpwatch}
+CACHE=${ODPWATCH_CACHE:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/odpwatch}
 OUT=${ODPWATCH_OUT:-$TOP/out}
 
 # The tested base: Debian's linux-source-7.3 from trixie-backports.

@@ -26,7 +26,7 @@ if ! debootstrap --variant=minbase --include="$pkgs" "$GUEST_SUITE" "$tmp" "$mir
 	die "debootstrap failed (a package missing from $GUEST_SUITE?); log: $CACHE/debootstrap.log"
 fi
 install -m 0755 "$stub" "$tmp/sbin/odpwatch-init"
-mkdir -p "$tmp/odpwatch" "$tmp/out" "$tmp/dev/hugepages"
+mkdir -p "$tmp/odpwatch" "$tmp/out"
 echo odpwatch >"$tmp/etc/hostname"
 rm -rf "$tmp"/var/cache/apt/archives/*.deb
 # Drop older rootfs generations: they are keyed by lists that no longer exist.

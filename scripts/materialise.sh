@@ -6,7 +6,10 @@
 . "$(dirname "$0")/lib.sh"
 
 base=$("$TOP/scripts/fetch-base.sh")
-root=$CACHE/kernel/$(basename "$base")
+case $base in
+"$CACHE"/base/*) root=$CACHE/kernel/$(basename "$base") ;;
+*) root=$CACHE/kernel/custom-$(printf '%s' "$base" | key_of) ;; # a BASE= directory, imported once
+esac
 tree=${TREE:-$root/src}
 mkdir -p "$(dirname "$tree")"
 

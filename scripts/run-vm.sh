@@ -10,7 +10,7 @@
 job=$1 dir=$OUT/$2 kernel=$3 rootfs=$4
 timeout=${TIMEOUT:-1800}
 mkdir -p "$dir"
-rm -f "$dir/status" "$dir/console.log"
+rm -f "$dir/status" "$dir/console.log" "$dir/output"
 log=$dir/console.log
 share() { echo "-fsdev local,id=$1,path=$2,security_model=passthrough$3 -device virtio-9p-pci,fsdev=$1,mount_tag=$1"; }
 # shellcheck disable=SC2046

@@ -7,11 +7,20 @@
 
 job=$1 variant=${2:-std}
 t0=$(date +%s)
+rc=0
+if [ "$job" = check ]; then
+	stage "harness self-test" python3 -m unittest discover -s "$TOP/scripts/tests" -q || rc=1
+fi
 stage "host packages" "$TOP/scripts/install-host-deps.sh"
 stage "materialise kernel tree" "$TOP/scripts/materialise.sh" >"$OUT/.tree"
 tree=$(cat "$OUT/.tree")
 build=$(dirname "$tree")/build-$variant
 stage "kernel build ($variant)" "$TOP/scripts/build-kernel.sh" "$tree" "$build" "$variant" >"$OUT/.bzimage"
+if [ "$job" = check ] && [ "$variant" = std ]; then
+	# The series a reviewer gets must apply, yield this tree, build and pass lint.
+	"$TOP/scripts/check-series.sh" || rc=1
+	stage "lint" "$TOP/scripts/lint.sh" || rc=1
+fi
 stage "guest root filesystem" "$TOP/scripts/make-rootfs.sh" >"$OUT/.rootfs"
 rootfs=$(cat "$OUT/.rootfs")
 stage "guest userspace (chroot)" "$TOP/scripts/build-guest.sh" "$rootfs" "$tree" "$build"
@@ -19,11 +28,13 @@ stage "guest userspace (chroot)" "$TOP/scripts/build-guest.sh" "$rootfs" "$tree"
 dir=$job
 [ "$variant" = std ] || dir=$job-$variant
 if [ "$job" = vm ]; then
-	[ -n "${CMD:-}" ] || die "vm needs a command: make vm CMD='...'"
-	mkdir -p "$OUT/$dir" && printf '%s\n' "$CMD" >"$OUT/$dir/cmd.sh"
+	cmd=${ODPWATCH_CMD:-${CMD:-}}
+	[ -n "$cmd" ] || die "vm needs a command: make vm CMD='...'"
+	mkdir -p "$OUT/$dir" && printf '%s\n' "$cmd" >"$OUT/$dir/cmd.sh"
 fi
-rc=0
-stage "boot and run '$job' in the guest" "$TOP/scripts/run-vm.sh" "$job" "$dir" "$(cat "$OUT/.bzimage")" "$rootfs" || rc=$?
+vmrc=0
+stage "boot and run '$job' in the guest" "$TOP/scripts/run-vm.sh" "$job" "$dir" "$(cat "$OUT/.bzimage")" "$rootfs" || vmrc=$?
+[ $vmrc = 0 ] || rc=$vmrc
 case $job in
 check)
 	stage "results" python3 "$TOP/scripts/collect-results.py" "$OUT/$dir" || rc=1
@@ -33,4 +44,7 @@ demo) echo; cat "$OUT/$dir/output" 2>/dev/null ;;
 vm) log "vm: output of the command:"; cat "$OUT/$dir/output" 2>/dev/null; log "vm: exit status $rc" ;;
 esac
 log "total: $(($(date +%s) - t0))s"
+# The results' closing line stays last for check: print it again after the timings.
+[ "$job" = check ] && [ -f "$OUT/$dir/results.json" ] &&
+	python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print(f"{r[\"passed\"]} passed, {r[\"failed\"]} failed, {r[\"skipped\"]} skipped")' "$OUT/$dir/results.json"
 exit $rc

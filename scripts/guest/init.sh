@@ -19,7 +19,7 @@ poweroff_now() {
 
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev 2>/dev/null
-mkdir -p /dev/pts /dev/shm
+mkdir -p /dev/pts /dev/shm /dev/hugepages
 # What udev would make: the kselftest runner writes to /dev/stdout.
 ln -sf /proc/self/fd /dev/fd
 ln -sf /proc/self/fd/0 /dev/stdin
@@ -28,7 +28,7 @@ ln -sf /proc/self/fd/2 /dev/stderr
 mount -t devpts devpts /dev/pts
 for d in /tmp /run /var/tmp /var/lib /var/log /dev/shm; do mount -t tmpfs tmpfs "$d"; done
 mount -t debugfs debugfs /sys/kernel/debug
-mount -t hugetlbfs hugetlbfs /dev/hugepages
+mount -t hugetlbfs hugetlbfs /dev/hugepages || say "cannot mount hugetlbfs"
 if ! mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 out /out; then
 	say "cannot mount the output share (9p tag out)"
 	poweroff_now
@@ -46,7 +46,8 @@ say "kernel $(uname -r), $(grep -c ^processor /proc/cpuinfo) cpus, $(awk '/MemTo
 # rxe on a dummy device; RDMA traffic never leaves the guest. The address is
 # from the documentation range (RFC 5737): nothing routes it anywhere.
 ip link set lo up
-ip link add dummy0 type dummy
+# The dummy driver, built in, already made dummy0 (numdummies=1).
+ip link show dummy0 >/dev/null 2>&1 || ip link add dummy0 type dummy
 ip addr add 198.51.100.1/24 dev dummy0
 ip link set dummy0 up
 if rdma link add rxe0 type rxe netdev dummy0; then
