@@ -43,6 +43,7 @@ def test_hugetlbfs_mounted():
     path = "/dev/hugepages/odpwatch-test"
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
     try:
+        os.ftruncate(fd, 2 << 20)
         m = mmap.mmap(fd, 2 << 20)
         m[:4] = b"huge"
         assert m[:4] == b"huge"

@@ -138,8 +138,14 @@ def main():
             mod = t["name"].split(".")[1] if t["name"].startswith("tests.") else "?"
             per_module.setdefault(mod, {"passed": 0, "failed": 0, "skipped": 0})[t["outcome"]] += 1
         results["suites"]["rdma-core"]["modules"] = per_module
-        for mod, c in per_module.items():
+        for mod, c in sorted(per_module.items()):
             print(f"  rdma-core {mod}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped")
+        reasons = {}
+        for t in results["suites"]["rdma-core"]["tests"]:
+            if t["outcome"] == "skipped":
+                reasons[t.get("reason", "?")] = reasons.get(t.get("reason", "?"), 0) + 1
+        for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+            print(f"    skipped {n:2d}: {reason}")
 
     lines = console.splitlines()
     splats = [i for i, l in enumerate(lines) if SPLAT.search(l)]

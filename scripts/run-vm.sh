@@ -23,7 +23,7 @@ qemu-system-x86_64 -machine pc -accel tcg,thread=multi -cpu max -smp 2 -m "${VM_
 qpid=$!
 t0=$(date +%s)
 # Progress: the guest's own lines and anything that looks like a splat.
-tail -n +1 -F --pid=$qpid "$log" 2>/dev/null | tr -d '\r' |
+tail -n +1 -F --pid=$qpid "$log" 2>/dev/null | sed -u 's/\r$//' |
 	grep --line-buffered -E '^(\[ *[0-9.]+\] )?(odpwatch:|kmemleak: .*leak|BUG:|WARNING:|Oops|Kernel panic)' &
 tpid=$!
 timed_out=0

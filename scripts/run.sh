@@ -46,5 +46,5 @@ esac
 log "total: $(($(date +%s) - t0))s"
 # The results' closing line stays last for check: print it again after the timings.
 [ "$job" = check ] && [ -f "$OUT/$dir/results.json" ] &&
-	python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print(f"{r[\"passed\"]} passed, {r[\"failed\"]} failed, {r[\"skipped\"]} skipped")' "$OUT/$dir/results.json"
+	python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print("%(passed)d passed, %(failed)d failed, %(skipped)d skipped" % r)' "$OUT/$dir/results.json"
 exit $rc
