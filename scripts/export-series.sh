@@ -52,7 +52,8 @@ rm -f "$covered" "$covered.all"
 [ -z "$missing" ] || die "files in no 'add' entry of kernel-patches/series: $(echo $missing)"
 
 rm -rf "$OUT/series" && mkdir -p "$OUT/series"
-g format-patch -q --cover-letter --zero-commit --base=odpwatch-base -o "$OUT/series" odpwatch-base..series
+# No --base: our import commit's hash is local; the cover letter names the base.
+g format-patch -q --cover-letter --zero-commit -o "$OUT/series" odpwatch-base..series
 # Fill the cover letter from kernel-patches/cover-letter.txt (subject = first line).
 cover=$(ls "$OUT"/series/0000-cover-letter.patch)
 subject=$(head -n 1 "$TOP/kernel-patches/cover-letter.txt")

@@ -24,7 +24,7 @@ qpid=$!
 t0=$(date +%s)
 # Progress: the guest's own lines and anything that looks like a splat.
 tail -n +1 -F --pid=$qpid "$log" 2>/dev/null | sed -u 's/\r$//' |
-	grep --line-buffered -E '^(\[ *[0-9.]+\] )?(odpwatch:|kmemleak: .*leak|BUG:|WARNING:|Oops|Kernel panic)' &
+	grep --line-buffered -E '^(\[ *[0-9.]+\] )?(odpwatch:|kmemleak: [0-9]+ new suspected|BUG:|WARNING:|Oops|Kernel panic)' &
 tpid=$!
 timed_out=0
 while kill -0 $qpid 2>/dev/null; do
