@@ -9,6 +9,11 @@ RDMA_DEV=${RDMA_DEV:-rxe0}
 # pyverbs on vanilla 7.3 after CQ errors).
 RDMA_CORE_MODULES=${RDMA_CORE_MODULES:-test_odp test_mr}
 
+# memwatch_scale adds 1M watches; on the debug kernel (KASAN, lockdep under
+# TCG) a smaller count keeps the run inside its time.
+case $(uname -r) in
+*debug*) export MEMWATCH_SCALE_WATCHES=${MEMWATCH_SCALE_WATCHES:-65536} ;;
+esac
 say "suite selftests: running"
 if [ -x /out/guest/selftests/run_kselftest.sh ]; then
 	# The runner reopens /dev/stdout for the tests' output: give it a pipe.

@@ -1,0 +1,595 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * memwatch: tell user space, before munmap() returns, that the mapping of a
+ * watched virtual range has changed.
+ *
+ * Each watch is an mmu_interval_notifier on the creator's mm. When the core
+ * mm invalidates a range that overlaps a watch, the callback bumps the
+ * watch's generation word in a page shared read-only with user space and
+ * queues (or merges into) an event record saying which sub-range changed and
+ * why. The callback runs inside the invalidation, before the system call that
+ * changed the mapping returns, and never sleeps: it also serves the OOM
+ * reaper's non-blockable invalidations.
+ *
+ * Locking: ctx->lock (mutex) serialises add, remove, queue resize and reads;
+ * ctx->qlock (spinlock) protects the event ring, the statistics and the
+ * generation words, and is the only lock the notifier callback takes.
+ *
+ * See Documentation/userspace-api/memwatch.rst.
+ */
+#include <linux/anon_inodes.h>
+#include <linux/cred.h>
+#include <linux/file.h>
+#include <linux/fs.h>
+#include <linux/math64.h>
+#include <linux/mm.h>
+#include <linux/mmu_notifier.h>
+#include <linux/poll.h>
+#include <linux/sched/mm.h>
+#include <linux/slab.h>
+#include <linux/syscalls.h>
+#include <linux/uaccess.h>
+#include <linux/user_namespace.h>
+#include <linux/vmalloc.h>
+#include <linux/xarray.h>
+#include <uapi/linux/memwatch.h>
+
+/* Generation words per page of the state area; page 0 is the header. */
+#define MEMWATCH_SLOTS_PER_PAGE	(PAGE_SIZE / sizeof(u64))
+/* Watch ids per descriptor: enough for 4M watches, 32 MiB of words. */
+#define MEMWATCH_MAX_SLOTS	BIT(22)
+/* Records handed to user space per copy in read(). */
+#define MEMWATCH_READ_BATCH	64
+/* Default of /proc/sys/user/max_memwatch_watches: 1M per process, 4 of them. */
+#define MEMWATCH_USER_WATCHES	BIT(22)
+
+struct memwatch_ctx {
+	struct mm_struct *mm;		/* watched mm, held with mmgrab() */
+	struct ucounts *ucounts;	/* per-user watch limit */
+	struct mutex lock;
+	spinlock_t qlock;		/* ring, stats, words; notifier-safe */
+	struct xarray watches;		/* id -> struct memwatch_watch */
+	struct xarray pages;		/* state area page index -> page */
+	struct memwatch_header *hdr;	/* page 0 */
+	struct memwatch_event *ring;
+	u32 qsize;
+	u64 qhead;			/* next record to read */
+	u64 qtail;			/* next record to write */
+	wait_queue_head_t wqh;
+	struct memwatch_stats stats;	/* under qlock; watches, queue_* filled on read */
+};
+
+struct memwatch_watch {
+	struct mmu_interval_notifier notifier;
+	struct memwatch_ctx *ctx;
+	u64 *gen;			/* its generation word in the state area */
+	u64 cookie;
+	u64 queued;			/* 1 + ring position of its unread record, or 0 */
+	u32 id;
+	u32 mask;
+};
+
+static struct kmem_cache *memwatch_watch_cache;
+
+static u32 memwatch_reason(enum mmu_notifier_event event)
+{
+	switch (event) {
+	case MMU_NOTIFY_UNMAP:
+		return MEMWATCH_UNMAP;
+	case MMU_NOTIFY_CLEAR:
+		return MEMWATCH_CLEAR;
+	case MMU_NOTIFY_PROTECTION_VMA:
+		return MEMWATCH_PROTECTION;
+	case MMU_NOTIFY_PROTECTION_PAGE:
+		return MEMWATCH_PROTECTION_PAGE;
+	case MMU_NOTIFY_SOFT_DIRTY:
+		return MEMWATCH_SOFT_DIRTY;
+	case MMU_NOTIFY_RELEASE:
+		return MEMWATCH_RELEASE;
+	case MMU_NOTIFY_MIGRATE:
+		return MEMWATCH_MIGRATE;
+	case MMU_NOTIFY_EXCLUSIVE:
+		return MEMWATCH_EXCLUSIVE;
+	}
+	/* An event this code does not know yet: report it as a clear. */
+	return MEMWATCH_CLEAR;
+}
+
+/* Change a generation word. */
+static void memwatch_bump(u64 *gen)
+{
+	/*
+	 * Pairs with the acquire load of the user-space validity check: a
+	 * thread that sees the new word also sees what preceded the change.
+	 */
+	smp_store_release(gen, READ_ONCE(*gen) + 1);
+}
+
+/* The ring slot of queue position @pos (div_u64_rem: 32-bit arches too). */
+static struct memwatch_event *memwatch_ring(struct memwatch_ctx *ctx, u64 pos)
+{
+	u32 index;
+
+	div_u64_rem(pos, ctx->qsize, &index);
+	return &ctx->ring[index];
+}
+
+/* Queue a record for @w, or merge into its unread one. Under qlock. */
+static void memwatch_queue_event(struct memwatch_ctx *ctx,
+				 struct memwatch_watch *w, u64 start, u64 end,
+				 u32 reasons)
+{
+	struct memwatch_event *ev;
+
+	if (w->queued && w->queued - 1 >= ctx->qhead) {
+		ev = memwatch_ring(ctx, w->queued - 1);
+		ev->start = min(ev->start, start);
+		ev->end = max(ev->end, end);
+		ev->reasons |= reasons;
+		ev->flags |= MEMWATCH_EVENT_COALESCED;
+		ctx->stats.events_coalesced++;
+		return;
+	}
+	if (ctx->qtail - ctx->qhead >= ctx->qsize) {
+		/* Never block the unmapping thread: drop, flag, count. */
+		ctx->stats.events_dropped++;
+		WRITE_ONCE(ctx->hdr->overflow, 1);
+		WRITE_ONCE(ctx->hdr->overflow_count, ctx->stats.events_dropped);
+		return;
+	}
+	ev = memwatch_ring(ctx, ctx->qtail);
+	*ev = (struct memwatch_event) {
+		.cookie = w->cookie,
+		.start = start,
+		.end = end,
+		.id = w->id,
+		.reasons = reasons,
+	};
+	w->queued = ++ctx->qtail;
+	ctx->stats.events_queued++;
+}
+
+static bool memwatch_invalidate(struct mmu_interval_notifier *mni,
+				const struct mmu_notifier_range *range,
+				unsigned long cur_seq)
+{
+	struct memwatch_watch *w = container_of(mni, struct memwatch_watch,
+						notifier);
+	struct memwatch_ctx *ctx = w->ctx;
+	u32 reason = memwatch_reason(range->event);
+	u64 start = max(range->start, mni->interval_tree.start);
+	u64 end = min(range->end, mni->interval_tree.last + 1);
+
+	spin_lock(&ctx->qlock);
+	ctx->stats.invalidations++;
+	if (w->mask & reason) {
+		ctx->stats.changes++;
+		memwatch_bump(w->gen);
+		WRITE_ONCE(ctx->hdr->seq, ctx->hdr->seq + 1);
+		memwatch_queue_event(ctx, w, start, end, reason);
+	}
+	spin_unlock(&ctx->qlock);
+	if (w->mask & reason)
+		wake_up_interruptible_poll(&ctx->wqh, EPOLLIN | EPOLLRDNORM);
+	return true;
+}
+
+static const struct mmu_interval_notifier_ops memwatch_notifier_ops = {
+	.invalidate = memwatch_invalidate,
+};
+
+/* The page of generation words holding @id, allocated on first use. */
+static u64 *memwatch_slot(struct memwatch_ctx *ctx, u32 id)
+{
+	unsigned long index = 1 + id / MEMWATCH_SLOTS_PER_PAGE;
+	struct page *page = xa_load(&ctx->pages, index);
+	int err;
+
+	if (!page) {
+		page = alloc_page(GFP_KERNEL_ACCOUNT | __GFP_ZERO);
+		if (!page)
+			return NULL;
+		err = xa_err(xa_store(&ctx->pages, index, page,
+				      GFP_KERNEL_ACCOUNT));
+		if (err) {
+			__free_page(page);
+			return NULL;
+		}
+	}
+	return (u64 *)page_address(page) + id % MEMWATCH_SLOTS_PER_PAGE;
+}
+
+/*
+ * A descriptor belongs to the mm that created it: from any other mm (a fork
+ * child, a process it was passed to) every operation fails with EPERM. Once
+ * the watched mm has exited, whoever holds the descriptor may still @drain
+ * the remaining events (RELEASE) and read the statistics.
+ */
+static int memwatch_check_mm(struct memwatch_ctx *ctx, bool drain)
+{
+	if (current->mm == ctx->mm)
+		return 0;
+	if (drain && !atomic_read(&ctx->mm->mm_users))
+		return 0;
+	return -EPERM;
+}
+
+static long memwatch_add(struct memwatch_ctx *ctx, void __user *uarg)
+{
+	struct memwatch_add arg;
+	struct memwatch_watch *w;
+	u32 id;
+	int err;
+
+	if (copy_from_user(&arg, uarg, sizeof(arg)))
+		return -EFAULT;
+	if (arg.flags || arg.reserved)
+		return -EINVAL;
+	if (arg.mask & ~MEMWATCH_ALL_REASONS)
+		return -EINVAL;
+	if (!arg.len || !PAGE_ALIGNED(arg.addr) || !PAGE_ALIGNED(arg.len))
+		return -EINVAL;
+	if (arg.addr + arg.len < arg.addr || arg.addr + arg.len > TASK_SIZE)
+		return -EINVAL;
+
+	/* Charged to the creator, whoever adds: dec_ucount() undoes exactly this. */
+	if (!inc_ucount(ctx->ucounts->ns, ctx->ucounts->uid,
+			UCOUNT_MEMWATCH_WATCHES))
+		return -ENOSPC;
+	w = kmem_cache_zalloc(memwatch_watch_cache, GFP_KERNEL_ACCOUNT);
+	if (!w) {
+		err = -ENOMEM;
+		goto out_ucount;
+	}
+	w->ctx = ctx;
+	w->cookie = arg.cookie;
+	w->mask = arg.mask ?: MEMWATCH_DEFAULT_MASK;
+
+	mutex_lock(&ctx->lock);
+	err = xa_alloc(&ctx->watches, &id, NULL,
+		       XA_LIMIT(0, MEMWATCH_MAX_SLOTS - 1), GFP_KERNEL_ACCOUNT);
+	if (err) {
+		err = err == -EBUSY ? -ENOSPC : err;
+		goto out_unlock;
+	}
+	w->id = id;
+	w->gen = memwatch_slot(ctx, id);
+	if (!w->gen) {
+		err = -ENOMEM;
+		goto out_erase;
+	}
+	err = mmu_interval_notifier_insert(&w->notifier, ctx->mm, arg.addr,
+					   arg.len, &memwatch_notifier_ops);
+	if (err)
+		goto out_erase;
+	xa_store(&ctx->watches, id, w, GFP_KERNEL_ACCOUNT);
+
+	spin_lock(&ctx->qlock);
+	arg.generation = READ_ONCE(*w->gen);
+	ctx->stats.watches++;
+	WRITE_ONCE(ctx->hdr->active_watches, ctx->stats.watches);
+	spin_unlock(&ctx->qlock);
+	mutex_unlock(&ctx->lock);
+
+	arg.id = id;
+	if (copy_to_user(uarg, &arg, sizeof(arg)))
+		return -EFAULT;	/* the watch stays; its id is lost to the caller */
+	return 0;
+
+out_erase:
+	xa_erase(&ctx->watches, id);
+out_unlock:
+	mutex_unlock(&ctx->lock);
+	kmem_cache_free(memwatch_watch_cache, w);
+out_ucount:
+	dec_ucount(ctx->ucounts, UCOUNT_MEMWATCH_WATCHES);
+	return err;
+}
+
+/* Remove one watch; ctx->lock held. */
+static void memwatch_destroy(struct memwatch_ctx *ctx,
+			     struct memwatch_watch *w)
+{
+	mmu_interval_notifier_remove(&w->notifier);
+	spin_lock(&ctx->qlock);
+	/* A cached (id, generation) pair must not match a later watch. */
+	memwatch_bump(w->gen);
+	ctx->stats.watches--;
+	WRITE_ONCE(ctx->hdr->active_watches, ctx->stats.watches);
+	spin_unlock(&ctx->qlock);
+	kmem_cache_free(memwatch_watch_cache, w);
+	dec_ucount(ctx->ucounts, UCOUNT_MEMWATCH_WATCHES);
+}
+
+static long memwatch_remove(struct memwatch_ctx *ctx, void __user *uarg)
+{
+	struct memwatch_remove arg;
+	struct memwatch_watch *w;
+
+	if (copy_from_user(&arg, uarg, sizeof(arg)))
+		return -EFAULT;
+	if (arg.flags)
+		return -EINVAL;
+	mutex_lock(&ctx->lock);
+	w = xa_load(&ctx->watches, arg.id);
+	if (!w) {
+		mutex_unlock(&ctx->lock);
+		return -ENOENT;
+	}
+	xa_erase(&ctx->watches, arg.id);
+	memwatch_destroy(ctx, w);
+	mutex_unlock(&ctx->lock);
+	return 0;
+}
+
+static long memwatch_get_stats(struct memwatch_ctx *ctx, void __user *uarg)
+{
+	struct memwatch_stats st;
+
+	spin_lock(&ctx->qlock);
+	st = ctx->stats;
+	st.queue_size = ctx->qsize;
+	st.queue_used = ctx->qtail - ctx->qhead;
+	spin_unlock(&ctx->qlock);
+	return copy_to_user(uarg, &st, sizeof(st)) ? -EFAULT : 0;
+}
+
+static long memwatch_set_queue(struct memwatch_ctx *ctx, void __user *uarg)
+{
+	struct memwatch_event *ring, *old;
+	struct memwatch_queue arg;
+	long err = 0;
+
+	if (copy_from_user(&arg, uarg, sizeof(arg)))
+		return -EFAULT;
+	if (arg.flags || !arg.size || arg.size > MEMWATCH_QUEUE_MAX)
+		return -EINVAL;
+	ring = kvcalloc(arg.size, sizeof(*ring), GFP_KERNEL_ACCOUNT);
+	if (!ring)
+		return -ENOMEM;
+	mutex_lock(&ctx->lock);
+	spin_lock(&ctx->qlock);
+	if (ctx->qtail != ctx->qhead) {
+		err = -EBUSY;	/* read the queue empty first */
+		old = ring;
+	} else {
+		old = ctx->ring;
+		ctx->ring = ring;
+		ctx->qsize = arg.size;
+	}
+	spin_unlock(&ctx->qlock);
+	mutex_unlock(&ctx->lock);
+	kvfree(old);
+	return err;
+}
+
+static long memwatch_ioctl(struct file *file, unsigned int cmd,
+			   unsigned long arg)
+{
+	struct memwatch_ctx *ctx = file->private_data;
+	void __user *uarg = (void __user *)arg;
+	int err;
+
+	err = memwatch_check_mm(ctx, cmd == MEMWATCH_IOC_STATS);
+	if (err)
+		return err;
+	switch (cmd) {
+	case MEMWATCH_IOC_ADD:
+		return memwatch_add(ctx, uarg);
+	case MEMWATCH_IOC_REMOVE:
+		return memwatch_remove(ctx, uarg);
+	case MEMWATCH_IOC_STATS:
+		return memwatch_get_stats(ctx, uarg);
+	case MEMWATCH_IOC_SET_QUEUE:
+		return memwatch_set_queue(ctx, uarg);
+	case MEMWATCH_IOC_CLEAR_OVERFLOW:
+		spin_lock(&ctx->qlock);
+		WRITE_ONCE(ctx->hdr->overflow, 0);
+		spin_unlock(&ctx->qlock);
+		return 0;
+	}
+	return -ENOTTY;
+}
+
+static ssize_t memwatch_read(struct file *file, char __user *buf,
+			     size_t count, loff_t *ppos)
+{
+	struct memwatch_ctx *ctx = file->private_data;
+	struct memwatch_event *batch;
+	size_t n, i;
+	ssize_t ret;
+
+	ret = memwatch_check_mm(ctx, true);
+	if (ret)
+		return ret;
+	if (count < sizeof(*batch))
+		return -EINVAL;
+	n = min_t(size_t, count / sizeof(*batch), MEMWATCH_READ_BATCH);
+	batch = kmalloc_array(n, sizeof(*batch), GFP_KERNEL);
+	if (!batch)
+		return -ENOMEM;
+
+	mutex_lock(&ctx->lock);
+	while (READ_ONCE(ctx->qtail) == READ_ONCE(ctx->qhead)) {
+		mutex_unlock(&ctx->lock);
+		if (file->f_flags & O_NONBLOCK) {
+			ret = -EAGAIN;
+			goto out_free;
+		}
+		ret = wait_event_interruptible(ctx->wqh,
+					       READ_ONCE(ctx->qtail) !=
+					       READ_ONCE(ctx->qhead));
+		if (ret)
+			goto out_free;
+		mutex_lock(&ctx->lock);
+	}
+	/* Consume under qlock: a record being merged into is still unread. */
+	spin_lock(&ctx->qlock);
+	n = min_t(u64, n, ctx->qtail - ctx->qhead);
+	for (i = 0; i < n; i++)
+		batch[i] = *memwatch_ring(ctx, ctx->qhead + i);
+	ctx->qhead += n;
+	ctx->stats.events_read += n;
+	spin_unlock(&ctx->qlock);
+	mutex_unlock(&ctx->lock);
+
+	ret = n * sizeof(*batch);
+	if (copy_to_user(buf, batch, ret))
+		ret = -EFAULT;
+out_free:
+	kfree(batch);
+	return ret;
+}
+
+static __poll_t memwatch_poll(struct file *file, poll_table *wait)
+{
+	struct memwatch_ctx *ctx = file->private_data;
+
+	poll_wait(file, &ctx->wqh, wait);
+	if (memwatch_check_mm(ctx, true))
+		return EPOLLERR;
+	return READ_ONCE(ctx->qtail) != READ_ONCE(ctx->qhead) ?
+	       EPOLLIN | EPOLLRDNORM : 0;
+}
+
+static vm_fault_t memwatch_fault(struct vm_fault *vmf)
+{
+	struct memwatch_ctx *ctx = vmf->vma->vm_file->private_data;
+	struct page *page = xa_load(&ctx->pages, vmf->pgoff);
+
+	/* Pages of slots never used yet are not there: no one may read them. */
+	if (!page)
+		return VM_FAULT_SIGBUS;
+	get_page(page);
+	vmf->page = page;
+	return 0;
+}
+
+static const struct vm_operations_struct memwatch_vm_ops = {
+	.fault = memwatch_fault,
+};
+
+static int memwatch_mmap(struct file *file, struct vm_area_struct *vma)
+{
+	struct memwatch_ctx *ctx = file->private_data;
+	unsigned long pages = 1 + MEMWATCH_MAX_SLOTS / MEMWATCH_SLOTS_PER_PAGE;
+
+	if (memwatch_check_mm(ctx, false))
+		return -EPERM;
+	if (vma->vm_flags & VM_WRITE)
+		return -EACCES;	/* as the VFS answers for MAP_SHARED */
+	if (vma->vm_pgoff || vma_pages(vma) > pages)
+		return -EINVAL;
+	/* Not inherited by fork: the child's mm is not the watched one. */
+	vm_flags_mod(vma, VM_DONTEXPAND | VM_DONTDUMP | VM_DONTCOPY,
+		     VM_MAYWRITE);
+	vma->vm_ops = &memwatch_vm_ops;
+	return 0;
+}
+
+static int memwatch_release(struct inode *inode, struct file *file)
+{
+	struct memwatch_ctx *ctx = file->private_data;
+	struct memwatch_watch *w;
+	struct page *page;
+	unsigned long id;
+
+	mutex_lock(&ctx->lock);
+	xa_for_each(&ctx->watches, id, w)
+		memwatch_destroy(ctx, w);
+	mutex_unlock(&ctx->lock);
+	xa_destroy(&ctx->watches);
+	xa_for_each(&ctx->pages, id, page)
+		__free_page(page);
+	xa_destroy(&ctx->pages);
+	kvfree(ctx->ring);
+	put_ucounts(ctx->ucounts);
+	mmdrop(ctx->mm);
+	kfree(ctx);
+	return 0;
+}
+
+static const struct file_operations memwatch_fops = {
+	.owner = THIS_MODULE,
+	.release = memwatch_release,
+	.read = memwatch_read,
+	.poll = memwatch_poll,
+	.unlocked_ioctl = memwatch_ioctl,
+	.compat_ioctl = compat_ptr_ioctl,
+	.mmap = memwatch_mmap,
+	.llseek = noop_llseek,
+};
+
+SYSCALL_DEFINE1(memwatch_create, unsigned int, flags)
+{
+	struct memwatch_ctx *ctx;
+	struct page *hdr;
+	int fd, err = -ENOMEM;
+
+	BUILD_BUG_ON(MEMWATCH_CLOEXEC != O_CLOEXEC);
+	BUILD_BUG_ON(MEMWATCH_NONBLOCK != O_NONBLOCK);
+	if (flags & ~(MEMWATCH_CLOEXEC | MEMWATCH_NONBLOCK))
+		return -EINVAL;
+	if (!current->mm)
+		return -EINVAL;
+
+	ctx = kzalloc_obj(*ctx, GFP_KERNEL_ACCOUNT);
+	if (!ctx)
+		return -ENOMEM;
+	mutex_init(&ctx->lock);
+	spin_lock_init(&ctx->qlock);
+	init_waitqueue_head(&ctx->wqh);
+	xa_init_flags(&ctx->watches, XA_FLAGS_ALLOC | XA_FLAGS_ACCOUNT);
+	xa_init_flags(&ctx->pages, XA_FLAGS_ACCOUNT);
+	ctx->qsize = MEMWATCH_QUEUE_DEFAULT;
+	ctx->ring = kvcalloc(ctx->qsize, sizeof(*ctx->ring), GFP_KERNEL_ACCOUNT);
+	if (!ctx->ring)
+		goto err_ctx;
+	hdr = alloc_page(GFP_KERNEL_ACCOUNT | __GFP_ZERO);
+	if (!hdr)
+		goto err_ring;
+	err = xa_err(xa_store(&ctx->pages, 0, hdr, GFP_KERNEL_ACCOUNT));
+	if (err) {
+		__free_page(hdr);
+		goto err_ring;
+	}
+	ctx->hdr = page_address(hdr);
+	ctx->hdr->abi_version = MEMWATCH_ABI_VERSION;
+	ctx->hdr->header_size = sizeof(*ctx->hdr);
+	ctx->hdr->slots_offset = PAGE_SIZE;
+	ctx->hdr->max_slots = MEMWATCH_MAX_SLOTS;
+	ctx->ucounts = get_ucounts(current_ucounts());
+	mmgrab(current->mm);
+	ctx->mm = current->mm;
+
+	fd = anon_inode_getfd("[memwatch]", &memwatch_fops, ctx,
+			      O_RDONLY | (flags & (O_CLOEXEC | O_NONBLOCK)));
+	if (fd < 0) {
+		/* memwatch_release() has not run: undo by hand. */
+		mmdrop(ctx->mm);
+		put_ucounts(ctx->ucounts);
+		err = fd;
+		goto err_pages;
+	}
+	return fd;
+
+err_pages:
+	__free_page(hdr);
+	xa_destroy(&ctx->pages);
+err_ring:
+	kvfree(ctx->ring);
+err_ctx:
+	kfree(ctx);
+	return err;
+}
+
+static int __init memwatch_init(void)
+{
+	BUILD_BUG_ON(sizeof(struct memwatch_watch) > 128);
+	BUILD_BUG_ON(sizeof(struct memwatch_event) != 40);
+	memwatch_watch_cache = KMEM_CACHE(memwatch_watch,
+					  SLAB_ACCOUNT | SLAB_PANIC);
+	init_user_ns.ucount_max[UCOUNT_MEMWATCH_WATCHES] = MEMWATCH_USER_WATCHES;
+	return 0;
+}
+fs_initcall(memwatch_init);

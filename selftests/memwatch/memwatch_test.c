@@ -1,0 +1,669 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * memwatch_create(): generation words change before the call that changed
+ * the mapping returns; events say which sub-range and why; bad input gets a
+ * clean errno.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/shm.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <linux/memwatch.h>
+
+#include "../kselftest_harness.h"
+
+#ifndef __NR_memwatch_create
+#define __NR_memwatch_create 473
+#endif
+
+#define SLOT_PAGES 16
+
+static int memwatch_create(unsigned int flags)
+{
+	return syscall(__NR_memwatch_create, flags);
+}
+
+FIXTURE(mw)
+{
+	int fd;
+	long page;
+	size_t map_len;
+	struct memwatch_header *hdr;
+	__u64 *slots;
+};
+
+FIXTURE_SETUP(mw)
+{
+	self->page = sysconf(_SC_PAGESIZE);
+	self->fd = memwatch_create(MEMWATCH_CLOEXEC);
+	ASSERT_LE(0, self->fd) TH_LOG("memwatch_create: %s", strerror(errno));
+	self->map_len = self->page * (1 + SLOT_PAGES);
+	self->hdr = mmap(NULL, self->map_len, PROT_READ, MAP_SHARED,
+			 self->fd, 0);
+	ASSERT_NE(MAP_FAILED, self->hdr);
+	self->slots = (__u64 *)((char *)self->hdr + self->hdr->slots_offset);
+}
+
+FIXTURE_TEARDOWN(mw)
+{
+	munmap(self->hdr, self->map_len);
+	close(self->fd);
+}
+
+static int add_watch(int fd, void *addr, size_t len, __u64 cookie,
+		     __u32 mask, struct memwatch_add *out)
+{
+	struct memwatch_add a = {
+		.addr = (uintptr_t)addr, .len = len, .cookie = cookie,
+		.mask = mask,
+	};
+	int ret = ioctl(fd, MEMWATCH_IOC_ADD, &a);
+
+	if (out)
+		*out = a;
+	return ret;
+}
+
+static int remove_watch(int fd, __u32 id)
+{
+	struct memwatch_remove r = { .id = id };
+
+	return ioctl(fd, MEMWATCH_IOC_REMOVE, &r);
+}
+
+/* The cache's whole fast path: one acquire load and a compare. */
+static bool still_valid(const __u64 *slots, const struct memwatch_add *w)
+{
+	return __atomic_load_n(&slots[w->id], __ATOMIC_ACQUIRE) == w->generation;
+}
+
+static void *map_pages(long page, int n)
+{
+	void *p = mmap(NULL, page * n, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	if (p != MAP_FAILED)
+		memset(p, 1, page * n);
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static int read_events(int fd, struct memwatch_event *ev, int max)
+{
+	ssize_t n = read(fd, ev, sizeof(*ev) * max);
+
+	return n < 0 ? -errno : (int)(n / sizeof(*ev));
+}
+
+TEST(create_flags)
+{
+	int fd, flags;
+
+	EXPECT_EQ(-1, memwatch_create(0x4));
+	EXPECT_EQ(EINVAL, errno);
+	EXPECT_EQ(-1, memwatch_create(~0U));
+	EXPECT_EQ(EINVAL, errno);
+
+	fd = memwatch_create(MEMWATCH_CLOEXEC | MEMWATCH_NONBLOCK);
+	ASSERT_LE(0, fd);
+	EXPECT_EQ(FD_CLOEXEC, fcntl(fd, F_GETFD) & FD_CLOEXEC);
+	flags = fcntl(fd, F_GETFL);
+	EXPECT_EQ(O_NONBLOCK, flags & O_NONBLOCK);
+	close(fd);
+
+	fd = memwatch_create(0);
+	ASSERT_LE(0, fd);
+	EXPECT_EQ(0, fcntl(fd, F_GETFD) & FD_CLOEXEC);
+	close(fd);
+}
+
+TEST_F(mw, header)
+{
+	struct memwatch_add w;
+	char *buf = map_pages(self->page, 2);
+
+	ASSERT_NE(NULL, buf);
+	EXPECT_EQ(MEMWATCH_ABI_VERSION, self->hdr->abi_version);
+	EXPECT_EQ(sizeof(struct memwatch_header), self->hdr->header_size);
+	EXPECT_EQ((__u64)self->page, self->hdr->slots_offset);
+	EXPECT_LE(1u << 20, self->hdr->max_slots);
+	EXPECT_EQ(0, self->hdr->active_watches);
+	ASSERT_EQ(0, add_watch(self->fd, buf, 2 * self->page, 7, 0, &w));
+	EXPECT_EQ(1, self->hdr->active_watches);
+	EXPECT_EQ(0, w.id);
+	EXPECT_TRUE(still_valid(self->slots, &w));
+	munmap(buf, 2 * self->page);
+}
+
+TEST_F(mw, munmap_changes_word_before_return)
+{
+	struct memwatch_event ev[4];
+	struct memwatch_add w;
+	__u64 seq = self->hdr->seq;
+	char *buf = map_pages(self->page, 4);
+
+	ASSERT_NE(NULL, buf);
+	ASSERT_EQ(0, add_watch(self->fd, buf, 4 * self->page, 0xc0ffee, 0, &w));
+	ASSERT_TRUE(still_valid(self->slots, &w));
+	ASSERT_EQ(0, munmap(buf, 4 * self->page));
+	EXPECT_FALSE(still_valid(self->slots, &w));
+	EXPECT_LT(seq, self->hdr->seq);
+
+	ASSERT_EQ(1, read_events(self->fd, ev, 4));
+	EXPECT_EQ(0xc0ffee, ev[0].cookie);
+	EXPECT_EQ(w.id, ev[0].id);
+	EXPECT_EQ(MEMWATCH_UNMAP, ev[0].reasons);
+	EXPECT_EQ((uintptr_t)buf, ev[0].start);
+	EXPECT_EQ((uintptr_t)buf + 4 * self->page, ev[0].end);
+	EXPECT_EQ(0, ev[0].flags);
+}
+
+/* The event names only the part of the watch that changed. */
+TEST_F(mw, subrange_precision)
+{
+	struct memwatch_event ev[4];
+	struct memwatch_add w;
+	char *map = map_pages(self->page, 10);
+	char *buf = map + self->page;	/* watch the middle 8 pages */
+
+	ASSERT_NE(NULL, map);
+	ASSERT_EQ(0, add_watch(self->fd, buf, 8 * self->page, 1, 0, &w));
+	ASSERT_EQ(0, madvise(buf + 5 * self->page, self->page, MADV_DONTNEED));
+	EXPECT_FALSE(still_valid(self->slots, &w));
+	ASSERT_EQ(1, read_events(self->fd, ev, 4));
+	EXPECT_EQ(MEMWATCH_CLEAR, ev[0].reasons);
+	EXPECT_EQ((uintptr_t)buf + 5 * self->page, ev[0].start);
+	EXPECT_EQ((uintptr_t)buf + 6 * self->page, ev[0].end);
+
+	/* An unmap wider than the watch is clipped to it. */
+	ASSERT_EQ(0, munmap(map, 10 * self->page));
+	ASSERT_EQ(1, read_events(self->fd, ev, 4));
+	EXPECT_EQ(MEMWATCH_UNMAP, ev[0].reasons);
+	EXPECT_EQ((uintptr_t)buf, ev[0].start);
+	EXPECT_EQ((uintptr_t)buf + 8 * self->page, ev[0].end);
+}
+
+/* A change outside the watch leaves it alone. */
+TEST_F(mw, neighbour_untouched)
+{
+	struct memwatch_add w;
+	char *buf = map_pages(self->page, 4);
+
+	ASSERT_NE(NULL, buf);
+	ASSERT_EQ(0, add_watch(self->fd, buf + self->page, self->page, 1, 0, &w));
+	ASSERT_EQ(0, madvise(buf, self->page, MADV_DONTNEED));
+	ASSERT_EQ(0, madvise(buf + 2 * self->page, 2 * self->page, MADV_DONTNEED));
+	EXPECT_TRUE(still_valid(self->slots, &w));
+	ASSERT_EQ(0, fcntl(self->fd, F_SETFL, O_NONBLOCK));
+	EXPECT_EQ(-EAGAIN, read_events(self->fd, &(struct memwatch_event){}, 1));
+	munmap(buf, 4 * self->page);
+}
+
+/* Each call that changes which page backs an address changes the word. */
+TEST_F(mw, every_change_type)
+{
+	struct memwatch_event ev[4];
+	struct memwatch_add w;
+	char *buf, *moved;
+	int shmid;
+	void *shm;
+
+	/* mremap() moving the range away (onto a place of our own) */
+	buf = map_pages(self->page, 2);
+	moved = map_pages(self->page, 4);
+	ASSERT_NE(NULL, buf);
+	ASSERT_NE(NULL, moved);
+	ASSERT_EQ(0, add_watch(self->fd, buf, 2 * self->page, 1, 0, &w));
+	ASSERT_EQ(moved, mremap(buf, 2 * self->page, 4 * self->page,
+				MREMAP_MAYMOVE | MREMAP_FIXED, moved));
+	EXPECT_FALSE(still_valid(self->slots, &w));
+	ASSERT_EQ(1, read_events(self->fd, ev, 4));
+	EXPECT_EQ(MEMWATCH_UNMAP, ev[0].reasons) TH_LOG("mremap: 0x%x", ev[0].reasons);
+	munmap(moved, 4 * self->page);
+	/* Each case removes its watch: a later mapping may reuse the range. */
+	ASSERT_EQ(0, remove_watch(self->fd, w.id));
+
+	/* mmap(MAP_FIXED) over the range */
+	buf = map_pages(self->page, 2);
+	ASSERT_NE(NULL, buf);
+	ASSERT_EQ(0, add_watch(self->fd, buf, 2 * self->page, 2, 0, &w));
+	ASSERT_EQ(buf, mmap(buf, 2 * self->page, PROT_READ | PROT_WRITE,
+			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0));
+	EXPECT_FALSE(still_valid(self->slots, &w));
+	ASSERT_EQ(1, read_events(self->fd, ev, 4));
+	EXPECT_NE(0, ev[0].reasons & (MEMWATCH_UNMAP | MEMWATCH_CLEAR));
+	ASSERT_EQ(0, remove_watch(self->fd, w.id));	/* before the cleanup unmap */
+	munmap(buf, 2 * self->page);
+
+	/* shmdt() */
+	shmid = shmget(IPC_PRIVATE, 2 * self->page, IPC_CREAT | 0600);
+	ASSERT_LE(0, shmid);
+	shm = shmat(shmid, NULL, 0);
+	shmctl(shmid, IPC_RMID, NULL);
+	ASSERT_NE((void *)-1, shm);
+	memset(shm, 1, 2 * self->page);
+	ASSERT_EQ(0, add_watch(self->fd, shm, 2 * self->page, 3, 0, &w));
+	ASSERT_EQ(0, shmdt(shm));
+	EXPECT_FALSE(still_valid(self->slots, &w));
+	ASSERT_EQ(1, read_events(self->fd, ev, 4));
+	EXPECT_EQ(MEMWATCH_UNMAP, ev[0].reasons);
+	ASSERT_EQ(0, remove_watch(self->fd, w.id));
+
+	/* brk() shrinking the heap */
+	buf = sbrk(0);
+	buf = (char *)(((uintptr_t)buf + self->page - 1) & ~(self->page - 1));
+	ASSERT_EQ(0, brk(buf + 4 * self->page));
+	memset(buf, 1, 4 * self->page);
+	ASSERT_EQ(0, add_watch(self->fd, buf + 2 * self->page, 2 * self->page, 4, 0, &w));
+	ASSERT_EQ(0, brk(buf + 2 * self->page));
+	EXPECT_FALSE(still_valid(self->slots, &w));
+	ASSERT_EQ(1, read_events(self->fd, ev, 4));
+	EXPECT_EQ(MEMWATCH_UNMAP, ev[0].reasons);
+}
+
+/* What does not change the backing page is filtered by the default mask. */
+TEST_F(mw, default_mask_filters)
+{
+	struct memwatch_event ev[4];
+	struct memwatch_add quiet, loud;
+	char *buf = map_pages(self->page, 2);
+	pid_t pid;
+	int status, n;
+
+	ASSERT_NE(NULL, buf);
+	ASSERT_EQ(0, add_watch(self->fd, buf, 2 * self->page, 1, 0, &quiet));
+	ASSERT_EQ(0, add_watch(self->fd, buf, 2 * self->page, 2,
+			       MEMWATCH_ALL_REASONS, &loud));
+	/* fork() write-protects the parent's anonymous pages for COW. */
+	pid = fork();
+	ASSERT_LE(0, pid);
+	if (!pid)
+		_exit(0);
+	ASSERT_EQ(pid, waitpid(pid, &status, 0));
+	ASSERT_EQ(0, mprotect(buf, 2 * self->page, PROT_READ));
+	EXPECT_TRUE(still_valid(self->slots, &quiet));
+	EXPECT_FALSE(still_valid(self->slots, &loud));
+	n = read_events(self->fd, ev, 4);
+	ASSERT_EQ(1, n);
+	EXPECT_EQ(2, ev[0].cookie);
+	EXPECT_EQ(MEMWATCH_PROTECTION_PAGE | MEMWATCH_PROTECTION,
+		  ev[0].reasons & (MEMWATCH_PROTECTION_PAGE | MEMWATCH_PROTECTION));
+	munmap(buf, 2 * self->page);
+}
+
+/* Unread changes to one watch merge into one record. */
+TEST_F(mw, coalescing)
+{
+	struct memwatch_stats st;
+	struct memwatch_event ev[4];
+	struct memwatch_add w;
+	char *buf = map_pages(self->page, 8);
+
+	ASSERT_NE(NULL, buf);
+	ASSERT_EQ(0, add_watch(self->fd, buf, 8 * self->page, 1, 0, &w));
+	ASSERT_EQ(0, madvise(buf + self->page, self->page, MADV_DONTNEED));
+	ASSERT_EQ(0, madvise(buf + 6 * self->page, self->page, MADV_DONTNEED));
+	ASSERT_EQ(0, munmap(buf + 3 * self->page, self->page));
+	ASSERT_EQ(1, read_events(self->fd, ev, 4));
+	EXPECT_EQ(MEMWATCH_CLEAR | MEMWATCH_UNMAP, ev[0].reasons);
+	EXPECT_EQ(MEMWATCH_EVENT_COALESCED, ev[0].flags);
+	EXPECT_EQ((uintptr_t)buf + self->page, ev[0].start);
+	EXPECT_EQ((uintptr_t)buf + 7 * self->page, ev[0].end);
+	ASSERT_EQ(0, ioctl(self->fd, MEMWATCH_IOC_STATS, &st));
+	EXPECT_EQ(1, st.events_queued);
+	EXPECT_EQ(2, st.events_coalesced);
+	EXPECT_EQ(1, st.events_read);
+	munmap(buf, 8 * self->page);
+}
+
+/* A full queue drops and flags; the words stay right, so a rescan is correct. */
+TEST_F(mw, overflow_and_rescan)
+{
+	struct memwatch_queue q = { .size = 2 };
+	struct memwatch_event ev[4];
+	struct memwatch_stats st;
+	struct memwatch_add w[3];
+	char *buf = map_pages(self->page, 3);
+	int i;
+
+	ASSERT_NE(NULL, buf);
+	ASSERT_EQ(0, ioctl(self->fd, MEMWATCH_IOC_SET_QUEUE, &q));
+	for (i = 0; i < 3; i++)
+		ASSERT_EQ(0, add_watch(self->fd, buf + i * self->page,
+				       self->page, i, 0, &w[i]));
+	ASSERT_EQ(0, munmap(buf, 3 * self->page));
+	for (i = 0; i < 3; i++)
+		EXPECT_FALSE(still_valid(self->slots, &w[i]));
+	EXPECT_EQ(1, self->hdr->overflow);
+	EXPECT_EQ(1, self->hdr->overflow_count);
+	q.size = 8;
+	EXPECT_EQ(-1, ioctl(self->fd, MEMWATCH_IOC_SET_QUEUE, &q));
+	EXPECT_EQ(EBUSY, errno);
+	ASSERT_EQ(2, read_events(self->fd, ev, 4));
+	ASSERT_EQ(0, ioctl(self->fd, MEMWATCH_IOC_STATS, &st));
+	EXPECT_EQ(1, st.events_dropped);
+	EXPECT_EQ(2, st.queue_size);
+	EXPECT_EQ(0, ioctl(self->fd, MEMWATCH_IOC_CLEAR_OVERFLOW));
+	EXPECT_EQ(0, self->hdr->overflow);
+	EXPECT_EQ(0, ioctl(self->fd, MEMWATCH_IOC_SET_QUEUE, &q));
+}
+
+TEST_F(mw, remove)
+{
+	struct memwatch_remove r = { 0 };
+	struct memwatch_add w, w2;
+	char *buf = map_pages(self->page, 1);
+
+	ASSERT_NE(NULL, buf);
+	ASSERT_EQ(0, add_watch(self->fd, buf, self->page, 1, 0, &w));
+	r.id = w.id;
+	r.flags = 1;
+	EXPECT_EQ(-1, ioctl(self->fd, MEMWATCH_IOC_REMOVE, &r));
+	EXPECT_EQ(EINVAL, errno);
+	r.flags = 0;
+	ASSERT_EQ(0, ioctl(self->fd, MEMWATCH_IOC_REMOVE, &r));
+	EXPECT_EQ(0, self->hdr->active_watches);
+	/* A removed watch never reads valid, even once its slot is reused. */
+	EXPECT_FALSE(still_valid(self->slots, &w));
+	ASSERT_EQ(0, add_watch(self->fd, buf, self->page, 2, 0, &w2));
+	EXPECT_EQ(w.id, w2.id);
+	EXPECT_FALSE(still_valid(self->slots, &w));
+	EXPECT_TRUE(still_valid(self->slots, &w2));
+	r.id = 12345;
+	EXPECT_EQ(-1, ioctl(self->fd, MEMWATCH_IOC_REMOVE, &r));
+	EXPECT_EQ(ENOENT, errno);
+	munmap(buf, self->page);
+}
+
+TEST_F(mw, bad_input)
+{
+	struct memwatch_add a;
+	struct memwatch_queue q = { 0 };
+	struct memwatch_event ev;
+	char *buf = map_pages(self->page, 2);
+	void *p;
+
+	ASSERT_NE(NULL, buf);
+#define EXPECT_ADD_ERR(err, ...) do {					\
+		a = (struct memwatch_add){ .addr = (uintptr_t)buf,	\
+			.len = self->page, __VA_ARGS__ };		\
+		EXPECT_EQ(-1, ioctl(self->fd, MEMWATCH_IOC_ADD, &a));	\
+		EXPECT_EQ(err, errno);					\
+	} while (0)
+	EXPECT_ADD_ERR(EINVAL, .len = 0);
+	EXPECT_ADD_ERR(EINVAL, .addr = (uintptr_t)buf + 1);
+	EXPECT_ADD_ERR(EINVAL, .len = self->page + 1);
+	EXPECT_ADD_ERR(EINVAL, .addr = -self->page, .len = 2 * self->page);
+	EXPECT_ADD_ERR(EINVAL, .addr = 1ULL << 62);
+	EXPECT_ADD_ERR(EINVAL, .flags = 1);
+	EXPECT_ADD_ERR(EINVAL, .reserved = 1);
+	EXPECT_ADD_ERR(EINVAL, .mask = 1U << 8);
+	EXPECT_EQ(-1, ioctl(self->fd, MEMWATCH_IOC_ADD, (void *)8));
+	EXPECT_EQ(EFAULT, errno);
+	EXPECT_EQ(-1, ioctl(self->fd, _IO(MEMWATCH_IOC_MAGIC, 99)));
+	EXPECT_EQ(ENOTTY, errno);
+	EXPECT_EQ(-1, ioctl(self->fd, MEMWATCH_IOC_SET_QUEUE, &q));
+	EXPECT_EQ(EINVAL, errno);
+	q.size = MEMWATCH_QUEUE_MAX + 1;
+	EXPECT_EQ(-1, ioctl(self->fd, MEMWATCH_IOC_SET_QUEUE, &q));
+	EXPECT_EQ(EINVAL, errno);
+	q.size = 8;
+	q.flags = 1;
+	EXPECT_EQ(-1, ioctl(self->fd, MEMWATCH_IOC_SET_QUEUE, &q));
+	EXPECT_EQ(EINVAL, errno);
+	EXPECT_EQ(-1, read(self->fd, &ev, sizeof(ev) - 1));
+	EXPECT_EQ(EINVAL, errno);
+	/* The state area is read-only, from offset 0, of bounded size. */
+	EXPECT_EQ(MAP_FAILED, mmap(NULL, self->page, PROT_READ | PROT_WRITE,
+				   MAP_SHARED, self->fd, 0));
+	EXPECT_EQ(EACCES, errno);
+	EXPECT_EQ(MAP_FAILED, mmap(NULL, self->page, PROT_READ | PROT_WRITE,
+				   MAP_PRIVATE, self->fd, 0));
+	EXPECT_EQ(EACCES, errno);
+	EXPECT_EQ(MAP_FAILED, mmap(NULL, 10000 * self->page, PROT_READ,
+				   MAP_SHARED, self->fd, 0));
+	EXPECT_EQ(EINVAL, errno);
+	EXPECT_EQ(MAP_FAILED, mmap(NULL, self->page, PROT_READ, MAP_SHARED,
+				   self->fd, self->page));
+	EXPECT_EQ(EINVAL, errno);
+	p = mmap(NULL, self->page, PROT_READ, MAP_SHARED, self->fd, 0);
+	ASSERT_NE(MAP_FAILED, p);
+	EXPECT_EQ(-1, mprotect(p, self->page, PROT_READ | PROT_WRITE));
+	EXPECT_EQ(EACCES, errno);
+	munmap(p, self->page);
+	munmap(buf, 2 * self->page);
+}
+
+TEST_F(mw, poll_and_epoll)
+{
+	struct pollfd pfd = { .fd = self->fd, .events = POLLIN };
+	struct epoll_event ee = { .events = EPOLLIN }, out;
+	struct memwatch_event ev;
+	struct memwatch_add w;
+	char *buf = map_pages(self->page, 1);
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+
+	ASSERT_NE(NULL, buf);
+	ASSERT_LE(0, ep);
+	ASSERT_EQ(0, epoll_ctl(ep, EPOLL_CTL_ADD, self->fd, &ee));
+	ASSERT_EQ(0, add_watch(self->fd, buf, self->page, 1, 0, &w));
+	EXPECT_EQ(0, poll(&pfd, 1, 0));
+	EXPECT_EQ(0, epoll_wait(ep, &out, 1, 0));
+	ASSERT_EQ(0, munmap(buf, self->page));
+	EXPECT_EQ(1, poll(&pfd, 1, 0));
+	EXPECT_EQ(POLLIN, pfd.revents & POLLIN);
+	EXPECT_EQ(1, epoll_wait(ep, &out, 1, 1000));
+	ASSERT_EQ(1, read_events(self->fd, &ev, 1));
+	EXPECT_EQ(0, poll(&pfd, 1, 0));
+	close(ep);
+}
+
+/* A blocking read sleeps until a change arrives from another thread. */
+static void *unmap_later(void *arg)
+{
+	usleep(100 * 1000);
+	munmap(((void **)arg)[0], (size_t)((void **)arg)[1]);
+	return NULL;
+}
+
+TEST_F(mw, blocking_read)
+{
+	struct memwatch_event ev;
+	struct memwatch_add w;
+	char *buf = map_pages(self->page, 1);
+	void *arg[2] = { buf, (void *)self->page };
+	pthread_t t;
+
+	ASSERT_NE(NULL, buf);
+	ASSERT_EQ(0, add_watch(self->fd, buf, self->page, 9, 0, &w));
+	ASSERT_EQ(0, pthread_create(&t, NULL, unmap_later, arg));
+	ASSERT_EQ(1, read_events(self->fd, &ev, 1));
+	EXPECT_EQ(9, ev.cookie);
+	pthread_join(t, NULL);
+}
+
+/* The descriptor belongs to the mm that made it: a fork child gets EPERM. */
+TEST_F(mw, other_mm_gets_eperm)
+{
+	char *buf = map_pages(self->page, 1);
+	int status;
+	pid_t pid;
+
+	ASSERT_NE(NULL, buf);
+	pid = fork();
+	ASSERT_LE(0, pid);
+	if (!pid) {
+		struct memwatch_stats st;
+		struct memwatch_event ev;
+		int bad = 0;
+
+		bad |= add_watch(self->fd, buf, self->page, 1, 0, NULL) != -1 ||
+		       errno != EPERM;
+		bad |= (ioctl(self->fd, MEMWATCH_IOC_STATS, &st) != -1 ||
+			errno != EPERM) << 1;
+		bad |= (read(self->fd, &ev, sizeof(ev)) != -1 ||
+			errno != EPERM) << 2;
+		bad |= (mmap(NULL, self->page, PROT_READ, MAP_SHARED, self->fd,
+			     0) != MAP_FAILED || errno != EPERM) << 3;
+		_exit(bad);
+	}
+	ASSERT_EQ(pid, waitpid(pid, &status, 0));
+	EXPECT_EQ(0, WEXITSTATUS(status)) TH_LOG("failed checks: 0x%x", WEXITSTATUS(status));
+	munmap(buf, self->page);
+}
+
+static int send_fd(int sock, int fd)
+{
+	char c = 0, ctl[CMSG_SPACE(sizeof(int))] = { 0 };
+	struct iovec iov = { .iov_base = &c, .iov_len = 1 };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1,
+			      .msg_control = ctl, .msg_controllen = sizeof(ctl) };
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+	return sendmsg(sock, &msg, 0) == 1 ? 0 : -1;
+}
+
+static int recv_fd(int sock)
+{
+	char c, ctl[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = { .iov_base = &c, .iov_len = 1 };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1,
+			      .msg_control = ctl, .msg_controllen = sizeof(ctl) };
+	int fd;
+
+	if (recvmsg(sock, &msg, 0) != 1 || !CMSG_FIRSTHDR(&msg))
+		return -1;
+	memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&msg)), sizeof(int));
+	return fd;
+}
+
+/*
+ * A descriptor passed over a unix socket is useless while its creator
+ * lives (EPERM); when the creator exits, its watches report RELEASE and the
+ * holder can drain them.
+ */
+TEST(passed_fd_and_release)
+{
+	struct memwatch_event ev[4];
+	struct memwatch_stats st;
+	int sv[2], fd, status;
+	pid_t pid;
+
+	ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
+	pid = fork();
+	ASSERT_LE(0, pid);
+	if (!pid) {
+		long page = sysconf(_SC_PAGESIZE);
+		char *buf = map_pages(page, 2);
+		int mfd = memwatch_create(0);
+		char go;
+
+		if (!buf || mfd < 0 || add_watch(mfd, buf, 2 * page, 42, 0, NULL) ||
+		    send_fd(sv[1], mfd))
+			_exit(1);
+		if (read(sv[1], &go, 1) != 1)	/* parent checked EPERM */
+			_exit(2);
+		_exit(0);
+	}
+	fd = recv_fd(sv[0]);
+	ASSERT_LE(0, fd);
+	EXPECT_EQ(-1, read(fd, ev, sizeof(ev)));
+	EXPECT_EQ(EPERM, errno);
+	EXPECT_EQ(-1, ioctl(fd, MEMWATCH_IOC_STATS, &st));
+	EXPECT_EQ(EPERM, errno);
+	ASSERT_EQ(1, write(sv[0], "g", 1));
+	ASSERT_EQ(pid, waitpid(pid, &status, 0));
+	ASSERT_EQ(0, WEXITSTATUS(status));
+
+	ASSERT_EQ(0, ioctl(fd, MEMWATCH_IOC_STATS, &st));
+	EXPECT_EQ(1, st.watches);
+	ASSERT_EQ(1, read_events(fd, ev, 4));
+	EXPECT_EQ(42, ev[0].cookie);
+	EXPECT_EQ(MEMWATCH_RELEASE, ev[0].reasons & MEMWATCH_RELEASE);
+	EXPECT_EQ(-1, add_watch(fd, ev, sizeof(ev), 1, 0, NULL));
+	EXPECT_EQ(EPERM, errno);
+	close(fd);
+	close(sv[0]);
+	close(sv[1]);
+}
+
+/*
+ * Race: threads check validity in a loop while the main thread unmaps. Once
+ * munmap() has returned, no thread may see "valid" in a check that started
+ * after that (the flag below is published after munmap returns).
+ */
+struct race {
+	const __u64 *slots;
+	struct memwatch_add w;
+	atomic_int unmapped;
+	atomic_int stop;
+	atomic_long checks;
+	atomic_int violations;
+};
+
+static void *checker(void *arg)
+{
+	struct race *r = arg;
+
+	while (!atomic_load(&r->stop)) {
+		int was_unmapped = atomic_load(&r->unmapped);
+
+		if (still_valid(r->slots, &r->w) && was_unmapped)
+			atomic_fetch_add(&r->violations, 1);
+		atomic_fetch_add(&r->checks, 1);
+	}
+	return NULL;
+}
+
+TEST_F(mw, unmap_race)
+{
+	struct memwatch_event ev[64];
+	pthread_t t[3];
+	struct race r;
+	int round, i;
+
+	memset(&r, 0, sizeof(r));
+	r.slots = self->slots;
+	ASSERT_EQ(0, fcntl(self->fd, F_SETFL, O_NONBLOCK));
+	for (round = 0; round < 200; round++) {
+		char *buf = map_pages(self->page, 2);
+
+		ASSERT_NE(NULL, buf);
+		ASSERT_EQ(0, add_watch(self->fd, buf, 2 * self->page, round, 0, &r.w));
+		atomic_store(&r.unmapped, 0);
+		atomic_store(&r.stop, 0);
+		for (i = 0; i < 3; i++)
+			ASSERT_EQ(0, pthread_create(&t[i], NULL, checker, &r));
+		usleep(1000);
+		ASSERT_EQ(0, munmap(buf, 2 * self->page));
+		atomic_store(&r.unmapped, 1);
+		usleep(1000);
+		atomic_store(&r.stop, 1);
+		for (i = 0; i < 3; i++)
+			pthread_join(t[i], NULL);
+		ASSERT_EQ(0, remove_watch(self->fd, r.w.id));
+		while (read_events(self->fd, ev, 64) > 0)
+			;
+	}
+	TH_LOG("%ld checks over 200 unmaps", atomic_load(&r.checks));
+	EXPECT_EQ(0, atomic_load(&r.violations));
+}
+
+TEST_HARNESS_MAIN
