@@ -19,7 +19,8 @@ run make -s -C /kernel/src/tools/testing/selftests TARGETS="$selftests" \
 	{ tail -30 "$OUT/guest/selftests-build.log" >&2; die "kselftest build failed; log: $OUT/guest/selftests-build.log"; }
 
 log "guest: libprovider (C++20)"
-run sh -c 'cmake -S /odpwatch/libprovider -B /out/guest/libprovider-build -DCMAKE_INSTALL_PREFIX=/out/guest >/dev/null &&
+run sh -c 'cmake -S /odpwatch/libprovider -B /out/guest/libprovider-build -DCMAKE_INSTALL_PREFIX=/out/guest \
+		-DODPWATCH_KERNEL_HEADERS=/kernel/build/usr/include >/dev/null &&
 	cmake --build /out/guest/libprovider-build -j'"$(nproc)"' &&
 	cmake --install /out/guest/libprovider-build >/dev/null' >"$OUT/guest/libprovider-build.log" 2>&1 ||
 	{ tail -30 "$OUT/guest/libprovider-build.log" >&2; die "libprovider build failed; log: $OUT/guest/libprovider-build.log"; }

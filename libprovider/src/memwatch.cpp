@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
+#include "memwatch.hpp"
+#include "verbs.hpp"
+
+#include <fcntl.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#ifndef __NR_memwatch_create
+#define __NR_memwatch_create 473
+#endif
+
+namespace odpwatch
+{
+
+Memwatch::Memwatch(size_t max_watches, unsigned flags)
+{
+	fd_ = static_cast<int>(
+		syscall(__NR_memwatch_create, flags | MEMWATCH_CLOEXEC | MEMWATCH_NONBLOCK));
+	if (fd_ < 0)
+		throw verbs::Error("memwatch_create", errno);
+	long page = sysconf(_SC_PAGESIZE);
+	area_len_ = page + (max_watches * sizeof(uint64_t) + page - 1) / page * page;
+	area_ = mmap(nullptr, area_len_, PROT_READ, MAP_SHARED, fd_, 0);
+	if (area_ == MAP_FAILED) {
+		int err = errno;
+		close(fd_);
+		throw verbs::Error("mmap of the memwatch state area", err);
+	}
+	auto *hdr = static_cast<const memwatch_header *>(area_);
+	words_ = reinterpret_cast<const uint64_t *>(static_cast<const char *>(area_) +
+						    hdr->slots_offset);
+}
+
+Memwatch::~Memwatch()
+{
+	munmap(area_, area_len_);
+	close(fd_);
+}
+
+Memwatch::Watch Memwatch::add(const void *addr, size_t len, uint64_t cookie, uint32_t mask)
+{
+	memwatch_add a{};
+	a.addr = reinterpret_cast<uintptr_t>(addr);
+	a.len = len;
+	a.cookie = cookie;
+	a.mask = mask;
+	if (ioctl(fd_, MEMWATCH_IOC_ADD, &a))
+		throw verbs::Error("MEMWATCH_IOC_ADD", errno);
+	return {a.id, a.generation};
+}
+
+void Memwatch::remove(uint32_t id)
+{
+	memwatch_remove r{};
+	r.id = id;
+	if (ioctl(fd_, MEMWATCH_IOC_REMOVE, &r))
+		throw verbs::Error("MEMWATCH_IOC_REMOVE", errno);
+}
+
+std::optional<memwatch_event> Memwatch::next_event()
+{
+	memwatch_event ev;
+	ssize_t n = read(fd_, &ev, sizeof(ev));
+	if (n == sizeof(ev))
+		return ev;
+	if (n < 0 && errno != EAGAIN)
+		throw verbs::Error("read of memwatch events", errno);
+	return std::nullopt;
+}
+
+} // namespace odpwatch

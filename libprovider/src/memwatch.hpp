@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
+// A memwatch descriptor and its read-only state area, owned RAII-style.
+#pragma once
+
+#include <linux/memwatch.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+namespace odpwatch
+{
+
+class Memwatch
+{
+public:
+	struct Watch {
+		uint32_t id;
+		uint64_t generation;
+	};
+
+	// Maps the state area for up to max_watches ids; throws verbs::Error
+	// (ENOSYS when the kernel has no memwatch).
+	explicit Memwatch(size_t max_watches = 65536, unsigned flags = 0);
+	Memwatch(const Memwatch &) = delete;
+	Memwatch &operator=(const Memwatch &) = delete;
+	~Memwatch();
+
+	Watch add(const void *addr, size_t len, uint64_t cookie, uint32_t mask = 0);
+	void remove(uint32_t id);
+	// The whole fast path: one acquire load and a compare.
+	bool valid(const Watch &w) const noexcept
+	{
+		return __atomic_load_n(&words_[w.id], __ATOMIC_ACQUIRE) == w.generation;
+	}
+	// The next event, if one is queued (the descriptor is non-blocking).
+	std::optional<memwatch_event> next_event();
+	int fd() const noexcept { return fd_; }
+
+private:
+	int fd_ = -1;
+	void *area_ = nullptr;
+	size_t area_len_ = 0;
+	const uint64_t *words_ = nullptr;
+};
+
+} // namespace odpwatch
