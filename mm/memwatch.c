@@ -178,6 +178,9 @@ static const struct mmu_interval_notifier_ops memwatch_notifier_ops = {
 	.invalidate = memwatch_invalidate,
 };
 
+static void memwatch_destroy(struct memwatch_ctx *ctx,
+			     struct memwatch_watch *w);
+
 /* The page of generation words holding @id, allocated on first use. */
 static u64 *memwatch_slot(struct memwatch_ctx *ctx, u32 id)
 {
@@ -269,11 +272,20 @@ static long memwatch_add(struct memwatch_ctx *ctx, void __user *uarg)
 	ctx->stats.watches++;
 	WRITE_ONCE(ctx->hdr->active_watches, ctx->stats.watches);
 	spin_unlock(&ctx->qlock);
-	mutex_unlock(&ctx->lock);
 
+	/*
+	 * Still under ctx->lock, so a failed copy undoes exactly this watch
+	 * (one whose id the caller never learns is of no use). ctx->lock is
+	 * already taken before mmap_lock by the notifier registration.
+	 */
 	arg.id = id;
-	if (copy_to_user(uarg, &arg, sizeof(arg)))
-		return -EFAULT;	/* the watch stays; its id is lost to the caller */
+	if (copy_to_user(uarg, &arg, sizeof(arg))) {
+		xa_erase(&ctx->watches, id);
+		memwatch_destroy(ctx, w);
+		mutex_unlock(&ctx->lock);
+		return -EFAULT;
+	}
+	mutex_unlock(&ctx->lock);
 	return 0;
 
 out_erase:

@@ -413,6 +413,17 @@ TEST_F(mw, bad_input)
 	EXPECT_ADD_ERR(EINVAL, .mask = 1U << 8);
 	EXPECT_EQ(-1, ioctl(self->fd, MEMWATCH_IOC_ADD, (void *)8));
 	EXPECT_EQ(EFAULT, errno);
+	/* Readable but not writable: the id cannot be returned, so no watch stays. */
+	p = mmap(NULL, self->page, PROT_READ | PROT_WRITE,
+		 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	ASSERT_NE(MAP_FAILED, p);
+	*(struct memwatch_add *)p = (struct memwatch_add){
+		.addr = (uintptr_t)buf, .len = self->page };
+	ASSERT_EQ(0, mprotect(p, self->page, PROT_READ));
+	EXPECT_EQ(-1, ioctl(self->fd, MEMWATCH_IOC_ADD, p));
+	EXPECT_EQ(EFAULT, errno);
+	EXPECT_EQ(0, self->hdr->active_watches);
+	munmap(p, self->page);
 	EXPECT_EQ(-1, ioctl(self->fd, _IO(MEMWATCH_IOC_MAGIC, 99)));
 	EXPECT_EQ(ENOTTY, errno);
 	EXPECT_EQ(-1, ioctl(self->fd, MEMWATCH_IOC_SET_QUEUE, &q));
