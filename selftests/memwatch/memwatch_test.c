@@ -12,6 +12,8 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
@@ -35,6 +37,26 @@
 static int memwatch_create(unsigned int flags)
 {
 	return syscall(__NR_memwatch_create, flags);
+}
+
+/*
+ * Run after execve() by the exec test (MEMWATCH_EXEC_FD set): the inherited
+ * descriptor belongs to the old mm, so it must answer EPERM; a CLOEXEC one
+ * (MEMWATCH_EXEC_CLOEXEC_FD) must be gone.
+ */
+__attribute__((constructor)) static void exec_child(void)
+{
+	const char *fd = getenv("MEMWATCH_EXEC_FD");
+	const char *cfd = getenv("MEMWATCH_EXEC_CLOEXEC_FD");
+	struct memwatch_stats st;
+
+	if (!fd || !cfd)
+		return;
+	if (ioctl(atoi(fd), MEMWATCH_IOC_STATS, &st) != -1 || errno != EPERM)
+		_exit(1);
+	if (fcntl(atoi(cfd), F_GETFD) != -1 || errno != EBADF)
+		_exit(2);
+	_exit(0);
 }
 
 FIXTURE(mw)
@@ -534,6 +556,67 @@ TEST_F(mw, other_mm_gets_eperm)
 	ASSERT_EQ(pid, waitpid(pid, &status, 0));
 	EXPECT_EQ(0, WEXITSTATUS(status)) TH_LOG("failed checks: 0x%x", WEXITSTATUS(status));
 	munmap(buf, self->page);
+}
+
+TEST(exec)
+{
+	int fd = memwatch_create(0), cfd = memwatch_create(MEMWATCH_CLOEXEC);
+	char buf[16], cbuf[16];
+	int status;
+	pid_t pid;
+
+	ASSERT_LE(0, fd);
+	ASSERT_LE(0, cfd);
+	snprintf(buf, sizeof(buf), "%d", fd);
+	snprintf(cbuf, sizeof(cbuf), "%d", cfd);
+	pid = fork();
+	ASSERT_LE(0, pid);
+	if (!pid) {
+		static char * const argv[] = { "memwatch_test", NULL };
+
+		setenv("MEMWATCH_EXEC_FD", buf, 1);
+		setenv("MEMWATCH_EXEC_CLOEXEC_FD", cbuf, 1);
+		execv("/proc/self/exe", argv);
+		_exit(3);
+	}
+	ASSERT_EQ(pid, waitpid(pid, &status, 0));
+	EXPECT_EQ(0, WEXITSTATUS(status)) TH_LOG("exec child check %d failed", WEXITSTATUS(status));
+	close(fd);
+	close(cfd);
+}
+
+/* The per-user limit, /proc/sys/user/max_memwatch_watches, gives ENOSPC. */
+TEST(per_user_limit)
+{
+	const char *path = "/proc/sys/user/max_memwatch_watches";
+	long page = sysconf(_SC_PAGESIZE);
+	char *buf = map_pages(page, 4);
+	char old[32] = "", limit[32];
+	int fd = memwatch_create(0), i, sysctl;
+	struct memwatch_add w;
+	ssize_t n;
+
+	ASSERT_NE(NULL, buf);
+	ASSERT_LE(0, fd);
+	sysctl = open(path, O_RDWR);
+	ASSERT_LE(0, sysctl) TH_LOG("%s: %s", path, strerror(errno));
+	n = read(sysctl, old, sizeof(old) - 1);
+	ASSERT_LT(0, n);
+	EXPECT_LE(1L << 20, atol(old));
+	/* Allow exactly two watches for this user (none is held elsewhere). */
+	snprintf(limit, sizeof(limit), "2\n");
+	ASSERT_LT(0, pwrite(sysctl, limit, strlen(limit), 0));
+	for (i = 0; i < 2; i++)
+		EXPECT_EQ(0, add_watch(fd, buf + i * page, page, i, 0, &w));
+	EXPECT_EQ(-1, add_watch(fd, buf + 2 * page, page, 2, 0, &w));
+	EXPECT_EQ(ENOSPC, errno);
+	/* Removing one makes room again. */
+	EXPECT_EQ(0, remove_watch(fd, 0));
+	EXPECT_EQ(0, add_watch(fd, buf + 2 * page, page, 2, 0, &w));
+	ASSERT_LT(0, pwrite(sysctl, old, strlen(old), 0));
+	close(sysctl);
+	close(fd);
+	munmap(buf, 4 * page);
 }
 
 static int send_fd(int sock, int fd)
