@@ -15,8 +15,7 @@ g checkout -q -f -B series odpwatch-base
 g clean -q -fdx
 
 # Map a repo path to its tree path with the Kbuild overlay list.
-overlay=$(make -s -f - <<<"include $TOP/Kbuild
-all: ; @echo \$(odpwatch-overlay)")
+overlay=$(overlay_entries)
 tree_path() {
 	local e
 	for e in $overlay; do

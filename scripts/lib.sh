@@ -73,5 +73,11 @@ apt_private_update() {
 	fi
 }
 
+# The overlay entries of Kbuild, "repo-dir:tree-dir" each, one per line.
+overlay_entries() {
+	make -s -f - <<<"include $TOP/Kbuild
+all: ; @printf '%s\n' \$(odpwatch-overlay)"
+}
+
 # Short content hash of files or strings, for cache keys.
 key_of() { cat "$@" | sha256sum | cut -c1-12; }

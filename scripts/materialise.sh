@@ -53,9 +53,7 @@ fi
 # Overlay our files; --checksum leaves unchanged files (and their mtimes) alone.
 manifest=$tree/.git/odpwatch-overlay-files
 new_manifest=$(mktemp)
-overlay=$(make -s -f - <<<"include $TOP/Kbuild
-all: ; @echo \$(odpwatch-overlay)")
-for entry in $overlay; do
+for entry in $(overlay_entries); do
 	src=$TOP/${entry%%:*} dst=$tree/${entry#*:}
 	[ -d "$src" ] || continue
 	(cd "$src" && find . -type f ! -name '.gitkeep' -printf "${entry#*:}/%P\n") >>"$new_manifest"
