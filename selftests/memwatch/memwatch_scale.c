@@ -60,6 +60,32 @@ static double remap_cost(char *p, long page)
 	return now() - t;
 }
 
+#define PMD_BLOCK (2UL << 20)
+
+/*
+ * Read all queued records. Besides the remapped page's watch (@target), only
+ * CLEAR records inside the 2 MiB block [@lo, @hi) may appear: splitting a VMA
+ * there makes the core mm invalidate the whole block (split_huge_pmd), a
+ * documented false positive. Counts the others and the violations.
+ */
+static void drain(int fd, __u32 target, __u64 lo, __u64 hi, int *others,
+		  int *bad)
+{
+	struct memwatch_event ev[64];
+	ssize_t n;
+	int j;
+
+	while ((n = read(fd, ev, sizeof(ev))) > 0)
+		for (j = 0; j < n / (ssize_t)sizeof(ev[0]); j++) {
+			if (ev[j].id == target)
+				continue;
+			(*others)++;
+			if (ev[j].reasons != MEMWATCH_CLEAR || ev[j].start < lo ||
+			    ev[j].end > hi)
+				(*bad)++;
+		}
+}
+
 /* Add watch @i of the big set: page @i of @area. */
 static int add_one(int fd, char *area, long page, unsigned long i)
 {
@@ -78,7 +104,8 @@ TEST(many_watches)
 			  strtoul(getenv("MEMWATCH_SCALE_WATCHES"), NULL, 0) :
 			  1UL << 20;
 	struct memwatch_stats st;
-	struct memwatch_event ev[4];
+	int others = 0, bad = 0;
+	__u64 target, lo, hi;
 	double t, add_first, add_last, inv_small = 1e9, inv_big = 1e9;
 	long slab0, slab1, free0, free1;
 	size_t words_len;
@@ -103,8 +130,7 @@ TEST(many_watches)
 		double c = remap_cost(area + n * page, page);
 
 		inv_small = c < inv_small ? c : inv_small;
-		while (read(fd, ev, sizeof(ev)) > 0)
-			;
+		drain(fd, 0, 0, 0, &others, &bad);
 	}
 
 	slab0 = kib_of("Slab");
@@ -128,19 +154,27 @@ TEST(many_watches)
 	ASSERT_EQ(0, ioctl(fd, MEMWATCH_IOC_STATS, &st));
 	EXPECT_EQ(n + 1, st.watches);
 
+	/* Remap page n/2 (watch id n/2 + 1) among all the others. */
+	target = (__u64)(area + (n / 2) * page);
+	lo = target & ~(PMD_BLOCK - 1);
+	hi = lo + PMD_BLOCK;
 	for (k = 0; k < 5; k++) {
 		double c = remap_cost(area + (n / 2) * page, page);
 
 		inv_big = c < inv_big ? c : inv_big;
-		while (read(fd, ev, sizeof(ev)) > 0)
-			;
+		drain(fd, n / 2 + 1, lo, hi, &others, &bad);
 	}
-	/* Exactly the watch of that page (id n/2 + 1) changed, not its neighbours. */
 	words = (__u64 *)((char *)words + page);
 	EXPECT_NE(0, words[n / 2 + 1]);
-	EXPECT_EQ(0, words[n / 2]);
-	EXPECT_EQ(0, words[n / 2 + 2]);
+	EXPECT_EQ(0, bad);
+	/* Watches of the pages just outside the block never change. */
+	if (lo - page >= (__u64)area)
+		EXPECT_EQ(0, words[(lo - page - (__u64)area) / page + 1]);
+	if (hi < (__u64)(area + n * page))
+		EXPECT_EQ(0, words[(hi - (__u64)area) / page + 1]);
 	words = (__u64 *)((char *)words - page);
+	TH_LOG("other watches' records: %d, all CLEAR within the remapped page's 2 MiB block",
+	       others);
 
 	TH_LOG("%lu watches: slab +%ld KiB (%.1f bytes/watch)",
 	       n, slab1 - slab0, (slab1 - slab0) * 1024.0 / n);
