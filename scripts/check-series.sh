@@ -7,14 +7,9 @@ stage "export series" "$TOP/scripts/export-series.sh"
 tree=$(cat "$OUT/.tree" 2>/dev/null || "$TOP/scripts/materialise.sh")
 # Laid out like the main tree (src/ and build-std/ side by side) so ccache hits.
 root=$(dirname "$tree")/series-check
-# Kept between runs; reset to the pristine base (checkout -f, clean -fdx)
-# it is a fresh base tree, and unchanged files keep their mtimes.
 mkdir -p "$root"
-[ -d "$root/src/.git" ] || git clone -q --shared --no-checkout "$tree" "$root/src"
+scratch_at_base "$tree" "$root/src" review
 g() { git -C "$root/src" -c user.name=reviewer -c user.email=reviewer@localhost "$@"; }
-g am --abort >/dev/null 2>&1 || true
-g checkout -q -f -B review odpwatch-base
-g clean -q -fdx
 for p in "$OUT"/series/0*.patch; do
 	case $p in *0000-cover-letter.patch) continue ;; esac
 	g am -q "$p" || die "the exported series does not apply with git am: $(basename "$p")"

@@ -5,14 +5,9 @@
 . "$(dirname "$0")/lib.sh"
 
 tree=$("$TOP/scripts/materialise.sh")
-# A scratch clone, kept between runs and reset to the base each time (a
-# fresh checkout of the whole tree costs half a minute).
 work=$CACHE/series-export
-[ -d "$work/.git" ] || git clone -q --shared --no-checkout "$tree" "$work"
+scratch_at_base "$tree" "$work" series
 g() { git -C "$work" -c user.name="odpwatch developers" -c user.email=odpwatch@localhost "$@"; }
-g am --abort >/dev/null 2>&1 || true
-g checkout -q -f -B series odpwatch-base
-g clean -q -fdx
 
 # Map a repo path to its tree path with the Kbuild overlay list.
 overlay=$(overlay_entries)

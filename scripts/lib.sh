@@ -79,5 +79,17 @@ overlay_entries() {
 all: ; @printf '%s\n' \$(odpwatch-overlay)"
 }
 
+# A scratch clone of the materialised tree at DIR, kept between runs and reset
+# to the pristine base on BRANCH (checkout -f, clean -fdx): a fresh base tree
+# without a fresh checkout of 90k files, and unchanged files keep their mtimes.
+#   scratch_at_base TREE DIR BRANCH
+scratch_at_base() {
+	local tree=$1 dir=$2 branch=$3
+	[ -d "$dir/.git" ] || git clone -q --shared --no-checkout "$tree" "$dir"
+	git -C "$dir" am --abort >/dev/null 2>&1 || true
+	git -C "$dir" checkout -q -f -B "$branch" odpwatch-base
+	git -C "$dir" clean -q -fdx
+}
+
 # Short content hash of files or strings, for cache keys.
 key_of() { cat "$@" | sha256sum | cut -c1-12; }
