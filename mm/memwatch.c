@@ -57,12 +57,19 @@ struct memwatch_ctx {
 	u64 qtail;			/* next record to write */
 	wait_queue_head_t wqh;
 	struct memwatch_stats stats;	/* under qlock; watches, queue_* filled on read */
+	/*
+	 * Per descriptor, not shared: a watch finds its context through its
+	 * notifier's ops pointer, so it needs no back-pointer of its own.
+	 */
+	struct mmu_interval_notifier_ops ops;
 };
 
+/*
+ * 112 bytes: with the id map (~9 bytes a watch) a watch costs less than 128
+ * bytes plus its generation word. Context and word are found, not stored.
+ */
 struct memwatch_watch {
 	struct mmu_interval_notifier notifier;
-	struct memwatch_ctx *ctx;
-	u64 *gen;			/* its generation word in the state area */
 	u64 cookie;
 	u64 queued;			/* 1 + ring position of its unread record, or 0 */
 	u32 id;
@@ -103,6 +110,18 @@ static void memwatch_bump(u64 *gen)
 	 * thread that sees the new word also sees what preceded the change.
 	 */
 	smp_store_release(gen, READ_ONCE(*gen) + 1);
+}
+
+/*
+ * The generation word of watch @id. Its page exists while the watch does and
+ * is freed only with the descriptor; xa_load() is RCU-safe in the notifier.
+ */
+static u64 *memwatch_gen(struct memwatch_ctx *ctx, u32 id)
+{
+	struct page *page = xa_load(&ctx->pages,
+				    1 + id / MEMWATCH_SLOTS_PER_PAGE);
+
+	return (u64 *)page_address(page) + id % MEMWATCH_SLOTS_PER_PAGE;
 }
 
 /* The ring slot of queue position @pos (div_u64_rem: 32-bit arches too). */
@@ -155,28 +174,26 @@ static bool memwatch_invalidate(struct mmu_interval_notifier *mni,
 {
 	struct memwatch_watch *w = container_of(mni, struct memwatch_watch,
 						notifier);
-	struct memwatch_ctx *ctx = w->ctx;
+	struct memwatch_ctx *ctx = container_of(mni->ops, struct memwatch_ctx,
+						ops);
 	u32 reason = memwatch_reason(range->event);
 	u64 start = max(range->start, mni->interval_tree.start);
 	u64 end = min(range->end, mni->interval_tree.last + 1);
+	bool change = w->mask & reason;
 
 	spin_lock(&ctx->qlock);
 	ctx->stats.invalidations++;
-	if (w->mask & reason) {
+	if (change) {
 		ctx->stats.changes++;
-		memwatch_bump(w->gen);
+		memwatch_bump(memwatch_gen(ctx, w->id));
 		WRITE_ONCE(ctx->hdr->seq, ctx->hdr->seq + 1);
 		memwatch_queue_event(ctx, w, start, end, reason);
 	}
 	spin_unlock(&ctx->qlock);
-	if (w->mask & reason)
+	if (change)
 		wake_up_interruptible_poll(&ctx->wqh, EPOLLIN | EPOLLRDNORM);
 	return true;
 }
-
-static const struct mmu_interval_notifier_ops memwatch_notifier_ops = {
-	.invalidate = memwatch_invalidate,
-};
 
 static void memwatch_destroy(struct memwatch_ctx *ctx,
 			     struct memwatch_watch *w);
@@ -221,6 +238,7 @@ static long memwatch_add(struct memwatch_ctx *ctx, void __user *uarg)
 {
 	struct memwatch_add arg;
 	struct memwatch_watch *w;
+	u64 *gen;
 	u32 id;
 	int err;
 
@@ -244,7 +262,6 @@ static long memwatch_add(struct memwatch_ctx *ctx, void __user *uarg)
 		err = -ENOMEM;
 		goto out_ucount;
 	}
-	w->ctx = ctx;
 	w->cookie = arg.cookie;
 	w->mask = arg.mask ?: MEMWATCH_DEFAULT_MASK;
 
@@ -256,19 +273,19 @@ static long memwatch_add(struct memwatch_ctx *ctx, void __user *uarg)
 		goto out_unlock;
 	}
 	w->id = id;
-	w->gen = memwatch_slot(ctx, id);
-	if (!w->gen) {
+	gen = memwatch_slot(ctx, id);
+	if (!gen) {
 		err = -ENOMEM;
 		goto out_erase;
 	}
 	err = mmu_interval_notifier_insert(&w->notifier, ctx->mm, arg.addr,
-					   arg.len, &memwatch_notifier_ops);
+					   arg.len, &ctx->ops);
 	if (err)
 		goto out_erase;
 	xa_store(&ctx->watches, id, w, GFP_KERNEL_ACCOUNT);
 
 	spin_lock(&ctx->qlock);
-	arg.generation = READ_ONCE(*w->gen);
+	arg.generation = READ_ONCE(*gen);
 	ctx->stats.watches++;
 	WRITE_ONCE(ctx->hdr->active_watches, ctx->stats.watches);
 	spin_unlock(&ctx->qlock);
@@ -305,7 +322,7 @@ static void memwatch_destroy(struct memwatch_ctx *ctx,
 	mmu_interval_notifier_remove(&w->notifier);
 	spin_lock(&ctx->qlock);
 	/* A cached (id, generation) pair must not match a later watch. */
-	memwatch_bump(w->gen);
+	memwatch_bump(memwatch_gen(ctx, w->id));
 	ctx->stats.watches--;
 	WRITE_ONCE(ctx->hdr->active_watches, ctx->stats.watches);
 	spin_unlock(&ctx->qlock);
@@ -551,6 +568,7 @@ SYSCALL_DEFINE1(memwatch_create, unsigned int, flags)
 	mutex_init(&ctx->lock);
 	spin_lock_init(&ctx->qlock);
 	init_waitqueue_head(&ctx->wqh);
+	ctx->ops.invalidate = memwatch_invalidate;
 	xa_init_flags(&ctx->watches, XA_FLAGS_ALLOC | XA_FLAGS_ACCOUNT);
 	xa_init_flags(&ctx->pages, XA_FLAGS_ACCOUNT);
 	ctx->qsize = MEMWATCH_QUEUE_DEFAULT;
@@ -597,7 +615,7 @@ err_ctx:
 
 static int __init memwatch_init(void)
 {
-	BUILD_BUG_ON(sizeof(struct memwatch_watch) > 128);
+	BUILD_BUG_ON(sizeof(struct memwatch_watch) > 112);
 	BUILD_BUG_ON(sizeof(struct memwatch_event) != 40);
 	memwatch_watch_cache = KMEM_CACHE(memwatch_watch,
 					  SLAB_ACCOUNT | SLAB_PANIC);

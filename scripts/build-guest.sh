@@ -24,3 +24,15 @@ run sh -c 'cmake -S /odpwatch/libprovider -B /out/guest/libprovider-build -DCMAK
 	cmake --build /out/guest/libprovider-build -j'"$(nproc)"' &&
 	cmake --install /out/guest/libprovider-build >/dev/null' >"$OUT/guest/libprovider-build.log" 2>&1 ||
 	{ tail -30 "$OUT/guest/libprovider-build.log" >&2; die "libprovider build failed; log: $OUT/guest/libprovider-build.log"; }
+
+log "guest: man page examples"
+rm -rf "$OUT/guest/man-examples"
+python3 "$TOP/man/extract-examples.py" "$OUT/guest/man-examples" "$TOP"/man/man*/*.[0-9] >/dev/null
+for c in "$OUT"/guest/man-examples/*.c; do
+	[ -e "$c" ] || continue
+	name=$(basename "$c" .c)
+	run cc -Wall -Wextra -Werror -idirafter /kernel/build/usr/include \
+		-o "/out/guest/man-examples/$name" "/out/guest/man-examples/$name.c" \
+		>"$OUT/guest/man-examples/$name.log" 2>&1 ||
+		{ cat "$OUT/guest/man-examples/$name.log" >&2; die "the example of $name does not build"; }
+done

@@ -5,7 +5,7 @@
 
 PKGS=(build-essential bc bison flex libelf-dev libssl-dev cpio rsync xz-utils kmod
 	dwarves python3 git ccache debootstrap qemu-system-x86 qemu-utils
-	clang-format python3-ply python3-git)
+	clang-format python3-ply python3-git groff-base)
 missing=()
 for p in "${PKGS[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Style gates: checkpatch --strict over the exported kernel series (our code
-# and the commit messages), clang-format over our userspace C and C++.
+# and the commit messages), clang-format over our userspace C and C++, groff
+# warnings over the man pages.
 . "$(dirname "$0")/lib.sh"
 
 rc=0
@@ -22,6 +23,18 @@ if [ ${#files[@]} -gt 0 ]; then
 		log "lint: clang-format clean on ${#files[@]} files"
 	else
 		log "lint: clang-format wants changes (clang-format -i on the files above)"
+		rc=1
+	fi
+fi
+
+# Man pages: groff with all warnings, as man(1) would format them.
+mapfile -t pages < <(cd "$TOP" && git ls-files 'man/man*/*.[0-9]')
+if [ ${#pages[@]} -gt 0 ]; then
+	if out=$(cd "$TOP" && LC_ALL=C.UTF-8 groff -man -ww -z "${pages[@]}" 2>&1) && [ -z "$out" ]; then
+		log "lint: groff -ww clean on ${#pages[@]} man pages"
+	else
+		printf '%s\n' "$out" >&2
+		log "lint: groff warns about the man pages above"
 		rc=1
 	fi
 fi

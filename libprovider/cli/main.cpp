@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
 // odpwatch: one command-line tool, with subcommands.
 #include "cli.hpp"
+#include "memwatch_bench.hpp"
 #include "verbs.hpp"
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string_view>
 
@@ -18,7 +20,9 @@ void usage(FILE *f)
 	std::fprintf(f, "usage: odpwatch [-d DEVICE] COMMAND\n"
 			"commands:\n"
 			"  caps   the device's On-Demand Paging capabilities\n"
-			"  demo   the registration-cache problem, shown with RDMA traffic\n");
+			"  demo   the registration-cache problem, shown with RDMA traffic\n"
+			"  bench memwatch [--quick] [--reps N] [--csv FILE] [--no-uffd]\n"
+			"         memwatch against a userfaultfd monitor and a munmap hook\n");
 }
 
 int caps(const cli::Options &opt)
@@ -29,6 +33,32 @@ int caps(const cli::Options &opt)
 		throw verbs::Error("odpwatch_query_odp_caps", -rc);
 	std::printf("%s: %s", ibv_get_device_name(ctx->device), cli::describe_caps(c).c_str());
 	return 0;
+}
+
+int run_bench(int argc, char **argv)
+{
+	if (argc < 1 || std::string_view(argv[0]) != "memwatch") {
+		std::fprintf(stderr, "odpwatch bench: say what to measure: memwatch\n");
+		return 2;
+	}
+	bench::MemwatchBenchOptions o;
+	for (int i = 1; i < argc; i++) {
+		std::string_view a = argv[i];
+		if (a == "--quick") {
+			o.quick = true;
+			o.reps = 3;
+		} else if (a == "--no-uffd") {
+			o.uffd = false;
+		} else if (a == "--reps" && i + 1 < argc && std::atoi(argv[i + 1]) > 0) {
+			o.reps = static_cast<unsigned>(std::atoi(argv[++i]));
+		} else if (a == "--csv" && i + 1 < argc) {
+			o.csv = argv[++i];
+		} else {
+			std::fprintf(stderr, "odpwatch bench memwatch: bad argument %s\n", argv[i]);
+			return 2;
+		}
+	}
+	return bench::memwatch_bench(o);
 }
 
 } // namespace
@@ -60,9 +90,14 @@ int main(int argc, char **argv)
 			return caps(opt);
 		if (cmd == "demo")
 			return cli::demo(opt);
+		if (cmd == "bench")
+			return run_bench(argc - i - 1, argv + i + 1);
 	} catch (const verbs::Error &e) {
 		std::fprintf(stderr, "odpwatch %s: %s\n", argv[i], e.what());
-		if (e.err() == ENODEV)
+		if (e.err() == ENOSYS)
+			std::fprintf(stderr, "hint: this kernel has no memwatch system call "
+					     "(CONFIG_MEMWATCH)\n");
+		else if (e.err() == ENODEV)
 			std::fprintf(stderr, "hint: create a soft-RoCE device: "
 					     "rdma link add rxe0 type rxe netdev <netdev>\n");
 		else if (e.err() == EPERM || e.err() == EACCES)

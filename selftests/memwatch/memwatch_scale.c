@@ -4,7 +4,9 @@
  * in one process. Checks that all are added, that one munmap() invalidates
  * exactly the watches it covers, and that closing tears them all down;
  * reports kernel memory per watch and the cost of add and invalidation at
- * scale relative to a single watch (ratios, not absolute times).
+ * scale relative to a single watch (ratios, not absolute times). With
+ * MEMWATCH_SCALE_MAX_BYTES set, slab growth per watch must stay within it
+ * (set on production kernels; slab debugging and KASAN redzones add more).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -180,6 +182,9 @@ TEST(many_watches)
 	       n, slab1 - slab0, (slab1 - slab0) * 1024.0 / n);
 	TH_LOG("memory +%ld KiB (%.1f bytes/watch, generation words included)",
 	       free0 - free1, (free0 - free1) * 1024.0 / n);
+	if (getenv("MEMWATCH_SCALE_MAX_BYTES"))
+		EXPECT_GE(strtod(getenv("MEMWATCH_SCALE_MAX_BYTES"), NULL),
+			  (slab1 - slab0) * 1024.0 / n);
 	TH_LOG("add: %.2f us for the last %lu vs %.2f us for the first (ratio %.2f)",
 	       add_last * 1e6, probe, add_first * 1e6, add_last / add_first);
 	TH_LOG("remap of a watched page: %.2f us among %lu watches",

@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
+// Benchmark bookkeeping: repetitions, their spread, and a table of ratios.
+// Absolute times under QEMU TCG mean little; every row names the baseline
+// measured in the same run that its ratio is against.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace odpwatch::bench
+{
+
+// Nanoseconds per operation over the repetitions of one measurement.
+struct Spread {
+	double min = 0, median = 0, max = 0;
+	unsigned reps = 0;
+};
+
+Spread spread_of(std::vector<double> ns_per_op);
+
+// Times body() (which performs @ops operations) @reps times, after one
+// untimed run that warms caches and QEMU's translated code.
+template <class Body> Spread measure(unsigned reps, double ops, Body &&body)
+{
+	std::vector<double> samples;
+	body();
+	for (unsigned r = 0; r < reps; r++) {
+		auto t0 = std::chrono::steady_clock::now();
+		body();
+		auto t1 = std::chrono::steady_clock::now();
+		samples.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / ops);
+	}
+	return spread_of(std::move(samples));
+}
+
+struct Row {
+	std::string group;   // what is measured, e.g. "munmap of an unwatched page"
+	std::string param;   // the size of the work, e.g. "100000 watches"
+	std::string variant; // the mechanism, e.g. "memwatch"
+	Spread ns;
+	std::string baseline; // "variant/param" of the row the ratio is against
+	std::string note;     // e.g. stale answers counted
+};
+
+class Report
+{
+public:
+	explicit Report(std::string title) : title_(std::move(title)) {}
+	void add(Row r) { rows_.push_back(std::move(r)); }
+	// Median ratio against the row named by r.baseline; 0 if not found.
+	double ratio(const Row &r) const;
+	void print_markdown() const;
+	void write_csv(const std::string &path) const;
+
+private:
+	std::string title_;
+	std::vector<Row> rows_;
+};
+
+} // namespace odpwatch::bench
