@@ -1,0 +1,66 @@
+/* SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB */
+/*
+ * rxe On-Demand Paging: state shared by registration (rxe_odp_mr.c) and the
+ * data path (rxe_odp_data.c).
+ */
+
+#ifndef RXE_ODP_H
+#define RXE_ODP_H
+
+#include <linux/rwsem.h>
+#include <linux/workqueue.h>
+#include <linux/xarray.h>
+#include <rdma/ib_umem_odp.h>
+
+/*
+ * An implicit MR covers the whole address space through children created on
+ * first access, each an ib_umem_odp of RXE_ODP_CHILD_SIZE naturally aligned
+ * bytes. 128 MiB keeps a child's page list at 256 KiB while a large buffer
+ * still needs few children (and few interval notifiers).
+ */
+#define RXE_ODP_CHILD_SHIFT	27
+#define RXE_ODP_CHILD_SIZE	BIT_ULL(RXE_ODP_CHILD_SHIFT)
+
+/* Per-MR ODP counters, in pages; names as mlx5 reports them. */
+enum rxe_odp_counter {
+	RXE_ODP_PAGE_FAULTS,		/* pages found absent on access */
+	RXE_ODP_PAGE_FAULTS_HANDLED,	/* of those, brought in */
+	RXE_ODP_PAGE_INVALIDATIONS,	/* pages covered by invalidations */
+	RXE_ODP_PAGE_INVALIDATIONS_HANDLED, /* of those, mapped and unmapped */
+	RXE_ODP_PAGE_PREFETCH,		/* pages mapped by ibv_advise_mr() */
+	RXE_ODP_NUM_COUNTERS
+};
+
+struct rxe_odp_mr {
+	struct rxe_mr *mr;
+	/*
+	 * Implicit MRs only. Readers (the data path, prefetch) hold the
+	 * semaphore shared while they use a child; reaping a child that was
+	 * unmapped entirely takes it exclusively.
+	 */
+	struct rw_semaphore children_sem;
+	struct xarray children;		/* child index -> struct ib_umem_odp */
+	struct work_struct reap_work;
+	atomic64_t counters[RXE_ODP_NUM_COUNTERS];
+};
+
+/* xarray mark of a child that may have no page left: reap_work checks it. */
+#define RXE_ODP_CHILD_REAP	XA_MARK_1
+
+static inline bool rxe_odp_is_implicit(struct rxe_mr *mr)
+{
+	return to_ib_umem_odp(mr->umem)->is_implicit_odp;
+}
+
+/* The user virtual address behind @iova of an ODP MR. */
+static inline u64 rxe_odp_va(struct rxe_mr *mr, u64 iova)
+{
+	return iova - mr->ibmr.iova + mr->umem->address;
+}
+
+void rxe_odp_count(struct rxe_mr *mr, enum rxe_odp_counter c, u64 pages);
+
+/* rxe_odp_mr.c: the umem that backs @va, for an implicit MR created if need be. */
+struct ib_umem_odp *rxe_odp_umem_at(struct rxe_mr *mr, u64 va);
+
+#endif /* RXE_ODP_H */

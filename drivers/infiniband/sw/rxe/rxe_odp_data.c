@@ -1,0 +1,407 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
+/*
+ * rxe On-Demand Paging: the data path (copies, atomics, flush) and prefetch.
+ *
+ * Every access walks the MR's iova range chunk by chunk: the umem backing
+ * the chunk (the MR's own, or an implicit MR's child) is made present,
+ * faulting what is missing, and is used with its umem_mutex held, which
+ * holds off invalidation until the access is done.
+ */
+
+#include <linux/hmm.h>
+#include <linux/libnvdimm.h>
+#include <rdma/ib_umem_odp.h>
+
+#include "rxe.h"
+#include "rxe_odp.h"
+
+/* Pages of [va, va + len) in @umem_odp not mapped (writable if @write). */
+static u64 rxe_odp_absent(struct ib_umem_odp *umem_odp, u64 va, u64 len,
+			  bool write)
+{
+	unsigned long need = HMM_PFN_VALID | (write ? HMM_PFN_WRITE : 0);
+	u64 idx = (va - ib_umem_start(umem_odp)) >> PAGE_SHIFT;
+	u64 last = (va + len - 1 - ib_umem_start(umem_odp)) >> PAGE_SHIFT;
+	u64 absent = 0;
+
+	lockdep_assert_held(&umem_odp->umem_mutex);
+	for (; idx <= last; idx++)
+		if ((umem_odp->map.pfn_list[idx] & need) != need)
+			absent++;
+	return absent;
+}
+
+/*
+ * Make [va, va + len) of @umem_odp present and return with its umem_mutex
+ * held; on error it is not held.
+ */
+static int rxe_odp_map_and_lock(struct rxe_mr *mr, struct ib_umem_odp *umem_odp,
+				u64 va, u64 len, bool write)
+{
+	u64 absent;
+	int np;
+
+	if (write && !umem_odp->umem.writable)
+		return -EFAULT;
+	mutex_lock(&umem_odp->umem_mutex);
+	absent = rxe_odp_absent(umem_odp, va, len, write);
+	if (!absent)
+		return 0;
+	mutex_unlock(&umem_odp->umem_mutex);
+
+	rxe_odp_count(mr, RXE_ODP_PAGE_FAULTS, absent);
+	np = ib_umem_odp_map_dma_and_lock(umem_odp, va, len,
+					  write ? HMM_PFN_WRITE : 0, true);
+	if (np < 0)
+		return np;
+	/* Locked, and no invalidation since the fault: all must be there. */
+	if (rxe_odp_absent(umem_odp, va, len, write)) {
+		mutex_unlock(&umem_odp->umem_mutex);
+		return -EFAULT;
+	}
+	rxe_odp_count(mr, RXE_ODP_PAGE_FAULTS_HANDLED, absent);
+	return 0;
+}
+
+/* Called for each piece of the range that lies in one PAGE_SIZE page. */
+typedef int (*rxe_odp_page_fn)(struct page *page, unsigned int offset,
+			       unsigned int len, void *arg);
+
+static int rxe_odp_each_page(struct ib_umem_odp *umem_odp, u64 va, u64 len,
+			     rxe_odp_page_fn fn, void *arg)
+{
+	while (len) {
+		u64 idx = (va - ib_umem_start(umem_odp)) >> PAGE_SHIFT;
+		unsigned int offset = offset_in_page(va);
+		unsigned int bytes = min_t(u64, len, PAGE_SIZE - offset);
+		int err;
+
+		err = fn(hmm_pfn_to_page(umem_odp->map.pfn_list[idx]), offset,
+			 bytes, arg);
+		if (err)
+			return err;
+		va += bytes;
+		len -= bytes;
+	}
+	return 0;
+}
+
+/* Apply @fn to [iova, iova + len) of @mr, with every page present. */
+static int rxe_odp_walk(struct rxe_mr *mr, u64 iova, u64 len, bool write,
+			rxe_odp_page_fn fn, void *arg)
+{
+	bool implicit = rxe_odp_is_implicit(mr);
+	u64 va = rxe_odp_va(mr, iova);
+	int err = 0;
+
+	if (implicit)
+		down_read(&mr->odp->children_sem);
+	while (len) {
+		struct ib_umem_odp *umem_odp = rxe_odp_umem_at(mr, va);
+		u64 chunk;
+
+		if (IS_ERR(umem_odp)) {
+			err = PTR_ERR(umem_odp);
+			break;
+		}
+		chunk = min(len, ib_umem_end(umem_odp) - va);
+		err = rxe_odp_map_and_lock(mr, umem_odp, va, chunk, write);
+		if (err)
+			break;
+		err = rxe_odp_each_page(umem_odp, va, chunk, fn, arg);
+		mutex_unlock(&umem_odp->umem_mutex);
+		if (err)
+			break;
+		va += chunk;
+		len -= chunk;
+	}
+	if (implicit)
+		up_read(&mr->odp->children_sem);
+	return err;
+}
+
+struct rxe_odp_copy {
+	u8 *addr;
+	enum rxe_mr_copy_dir dir;
+};
+
+static int rxe_odp_copy_page(struct page *page, unsigned int offset,
+			     unsigned int len, void *arg)
+{
+	struct rxe_odp_copy *c = arg;
+	u8 *va = kmap_local_page(page);
+
+	if (c->dir == RXE_TO_MR_OBJ)
+		memcpy(va + offset, c->addr, len);
+	else
+		memcpy(c->addr, va + offset, len);
+	kunmap_local(va);
+	c->addr += len;
+	return 0;
+}
+
+int rxe_odp_mr_copy(struct rxe_mr *mr, u64 iova, void *addr, int length,
+		    enum rxe_mr_copy_dir dir)
+{
+	struct rxe_odp_copy c = { .addr = addr, .dir = dir };
+
+	if (length <= 0)
+		return length ? -EINVAL : 0;
+	if (dir != RXE_TO_MR_OBJ && dir != RXE_FROM_MR_OBJ)
+		return -EINVAL;
+	return rxe_odp_walk(mr, iova, length, dir == RXE_TO_MR_OBJ,
+			    rxe_odp_copy_page, &c);
+}
+
+struct rxe_odp_atomic {
+	int opcode;
+	u64 compare;
+	u64 swap_add;
+	u64 orig;
+};
+
+static int rxe_odp_atomic_page(struct page *page, unsigned int offset,
+			       unsigned int len, void *arg)
+{
+	struct rxe_odp_atomic *a = arg;
+	u64 *va = kmap_local_page(page) + offset;
+
+	spin_lock_bh(&atomic_ops_lock);
+	a->orig = *va;
+	if (a->opcode == IB_OPCODE_RC_COMPARE_SWAP) {
+		if (a->orig == a->compare)
+			*va = a->swap_add;
+	} else {
+		*va = a->orig + a->swap_add;
+	}
+	spin_unlock_bh(&atomic_ops_lock);
+	kunmap_local(va);
+	return 0;
+}
+
+/* Range, state and alignment of an 8-byte atomic target. */
+static enum resp_states rxe_odp_check_atomic(struct rxe_mr *mr, u64 iova)
+{
+	if (unlikely(mr->state != RXE_MR_STATE_VALID))
+		return RESPST_ERR_RKEY_VIOLATION;
+	if (mr_check_range(mr, iova, sizeof(u64)))
+		return RESPST_ERR_RKEY_VIOLATION;
+	/* The memory's address must be aligned, whatever the iova. */
+	if (rxe_odp_va(mr, iova) & (sizeof(u64) - 1))
+		return RESPST_ERR_MISALIGNED_ATOMIC;
+	return RESPST_NONE;
+}
+
+enum resp_states rxe_odp_atomic_op(struct rxe_mr *mr, u64 iova, int opcode,
+				   u64 compare, u64 swap_add, u64 *orig_val)
+{
+	struct rxe_odp_atomic a = {
+		.opcode = opcode, .compare = compare, .swap_add = swap_add,
+	};
+	enum resp_states st = rxe_odp_check_atomic(mr, iova);
+
+	if (st != RESPST_NONE)
+		return st;
+	if (rxe_odp_walk(mr, iova, sizeof(u64), true, rxe_odp_atomic_page, &a))
+		return RESPST_ERR_RKEY_VIOLATION;
+	*orig_val = a.orig;
+	return RESPST_NONE;
+}
+
+static int rxe_odp_atomic_write_page(struct page *page, unsigned int offset,
+				     unsigned int len, void *arg)
+{
+	u64 *va = kmap_local_page(page) + offset;
+
+	/* Visible only after everything the responder wrote before it. */
+	smp_store_release(va, *(u64 *)arg);
+	kunmap_local(va);
+	return 0;
+}
+
+enum resp_states rxe_odp_do_atomic_write(struct rxe_mr *mr, u64 iova, u64 value)
+{
+	enum resp_states st = rxe_odp_check_atomic(mr, iova);
+
+	if (st != RESPST_NONE)
+		return st;
+	if (rxe_odp_walk(mr, iova, sizeof(u64), true,
+			 rxe_odp_atomic_write_page, &value))
+		return RESPST_ERR_RKEY_VIOLATION;
+	return RESPST_NONE;
+}
+
+static int rxe_odp_flush_page(struct page *page, unsigned int offset,
+			      unsigned int len, void *arg)
+{
+	u8 *va = kmap_local_page(page);
+
+	arch_wb_cache_pmem(va + offset, len);
+	kunmap_local(va);
+	return 0;
+}
+
+int rxe_odp_flush_pmem_iova(struct rxe_mr *mr, u64 iova, unsigned int length)
+{
+	if (mr_check_range(mr, iova, length))
+		return -EFAULT;
+	/* A flush reads: the pages need not be writable. */
+	return rxe_odp_walk(mr, iova, length, false, rxe_odp_flush_page, NULL);
+}
+
+/* Map [iova, iova + len) of @mr for a prefetch; @fault: bring pages in. */
+static int rxe_odp_prefetch(struct rxe_mr *mr, u64 iova, u64 len, bool write,
+			    bool fault)
+{
+	bool implicit = rxe_odp_is_implicit(mr);
+	u64 va = rxe_odp_va(mr, iova);
+	int err = 0;
+
+	if (implicit)
+		down_read(&mr->odp->children_sem);
+	while (len) {
+		struct ib_umem_odp *umem_odp = rxe_odp_umem_at(mr, va);
+		u64 chunk;
+		int np;
+
+		if (IS_ERR(umem_odp)) {
+			err = PTR_ERR(umem_odp);
+			break;
+		}
+		chunk = min(len, ib_umem_end(umem_odp) - va);
+		np = ib_umem_odp_map_dma_and_lock(umem_odp, va, chunk,
+						  write ? HMM_PFN_WRITE : 0,
+						  fault);
+		if (np < 0) {
+			err = np;
+			break;
+		}
+		mutex_unlock(&umem_odp->umem_mutex);
+		rxe_odp_count(mr, RXE_ODP_PAGE_PREFETCH,
+			      (ALIGN(va + chunk, PAGE_SIZE) -
+			       ALIGN_DOWN(va, PAGE_SIZE)) >> PAGE_SHIFT);
+		va += chunk;
+		len -= chunk;
+	}
+	if (implicit)
+		up_read(&mr->odp->children_sem);
+	return err;
+}
+
+/*
+ * The MR an advise_mr SGE names, with a reference, after the checks both
+ * the synchronous and the asynchronous paths need.
+ */
+static struct rxe_mr *rxe_odp_prefetch_mr(struct rxe_pd *pd,
+					  enum ib_uverbs_advise_mr_advice advice,
+					  const struct ib_sge *sge)
+{
+	bool write = advice == IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE;
+	struct rxe_mr *mr;
+
+	/* Read-only MRs may be prefetched; only PREFETCH_WRITE needs more. */
+	mr = lookup_mr(pd, write ? IB_ACCESS_LOCAL_WRITE : 0, sge->lkey,
+		       RXE_LOOKUP_LOCAL);
+	if (!mr) {
+		mr = lookup_mr(pd, 0, sge->lkey, RXE_LOOKUP_LOCAL);
+		if (!mr)
+			return ERR_PTR(-ENOENT);
+		rxe_put(mr);
+		return ERR_PTR(-EPERM);
+	}
+	if (!is_odp_mr(mr)) {
+		rxe_put(mr);
+		return ERR_PTR(-EINVAL);
+	}
+	if (write && !mr->umem->writable) {
+		rxe_put(mr);
+		return ERR_PTR(-EPERM);
+	}
+	if (mr_check_range(mr, sge->addr, sge->length)) {
+		rxe_put(mr);
+		return ERR_PTR(-EINVAL);
+	}
+	return mr;
+}
+
+struct rxe_odp_prefetch_work {
+	struct work_struct work;
+	bool write;
+	bool fault;
+	u32 num_sge;
+	struct {
+		struct rxe_mr *mr;
+		u64 iova;
+		u32 length;
+	} sge[] __counted_by(num_sge);
+};
+
+/* Best effort: an SGE whose pages cannot be brought in is skipped. */
+static void rxe_odp_prefetch_work(struct work_struct *w)
+{
+	struct rxe_odp_prefetch_work *work =
+		container_of(w, struct rxe_odp_prefetch_work, work);
+	u32 i;
+
+	for (i = 0; i < work->num_sge; i++) {
+		rxe_odp_prefetch(work->sge[i].mr, work->sge[i].iova,
+				 work->sge[i].length, work->write, work->fault);
+		rxe_put(work->sge[i].mr);
+	}
+	kvfree(work);
+}
+
+int rxe_ib_advise_mr(struct ib_pd *ibpd, enum ib_uverbs_advise_mr_advice advice,
+		     u32 flags, struct ib_sge *sg_list, u32 num_sge,
+		     struct uverbs_attr_bundle *attrs)
+{
+	bool write = advice == IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE;
+	bool fault = advice != IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT;
+	struct rxe_pd *pd = to_rpd(ibpd);
+	struct rxe_odp_prefetch_work *work;
+	struct rxe_mr *mr;
+	int err = 0;
+	u32 i;
+
+	if (advice != IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH &&
+	    advice != IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+	    advice != IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+		return -EOPNOTSUPP;
+	if (flags & ~IB_UVERBS_ADVISE_MR_FLAG_FLUSH)
+		return -EOPNOTSUPP;
+
+	if (flags & IB_UVERBS_ADVISE_MR_FLAG_FLUSH) {
+		for (i = 0; i < num_sge && !err; i++) {
+			mr = rxe_odp_prefetch_mr(pd, advice, &sg_list[i]);
+			if (IS_ERR(mr))
+				return PTR_ERR(mr);
+			err = rxe_odp_prefetch(mr, sg_list[i].addr,
+					       sg_list[i].length, write, fault);
+			rxe_put(mr);
+		}
+		return err;
+	}
+
+	/* Asynchronous: the same checks now, the faults in the work. */
+	work = kvzalloc_flex(*work, sge, num_sge);
+	if (!work)
+		return -ENOMEM;
+	work->num_sge = num_sge;
+	work->write = write;
+	work->fault = fault;
+	INIT_WORK(&work->work, rxe_odp_prefetch_work);
+	for (i = 0; i < num_sge; i++) {
+		mr = rxe_odp_prefetch_mr(pd, advice, &sg_list[i]);
+		if (IS_ERR(mr)) {
+			while (i--)
+				rxe_put(work->sge[i].mr);
+			kvfree(work);
+			return PTR_ERR(mr);
+		}
+		work->sge[i].mr = mr;
+		work->sge[i].iova = sg_list[i].addr;
+		work->sge[i].length = sg_list[i].length;
+	}
+	queue_work(rxe_wq, &work->work);
+	return 0;
+}
