@@ -1,0 +1,504 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * rxe On-Demand Paging data paths, through two connected RC QPs on $RDMA_DEV
+ * (default rxe0): MRs registered with an iova other than their address,
+ * implicit MRs across child boundaries, and ibv_advise_mr()'s checks.
+ *
+ * ibv_advise_mr() is issued as the raw uverbs ioctl: rdma-core 56.1's rxe
+ * provider does not implement it, and the kernel's answers are what is
+ * tested here.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+#include <infiniband/verbs.h>
+#include <rdma/rdma_user_ioctl_cmds.h>
+#include <rdma/ib_user_ioctl_cmds.h>
+
+#include "../kselftest_harness.h"
+
+#define LEN		(64 * 1024UL)
+#define IOVA		0x5000000000ULL	/* far from any address we map */
+#define CHILD_SIZE	(128UL << 20)	/* rxe's implicit ODP child */
+
+static struct ibv_context *open_device(const char *name)
+{
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	struct ibv_context *ctx = NULL;
+	int i;
+
+	for (i = 0; list && list[i]; i++)
+		if (!strcmp(ibv_get_device_name(list[i]), name))
+			ctx = ibv_open_device(list[i]);
+	ibv_free_device_list(list);
+	return ctx;
+}
+
+/* The first RoCE v2 GID with an IPv4-mapped address, or -1. */
+static int roce_v2_ipv4_gid(struct ibv_context *ctx, union ibv_gid *gid)
+{
+	static const uint8_t v4mapped[12] = { [10] = 0xff, [11] = 0xff };
+	struct ibv_gid_entry e;
+	int i;
+
+	for (i = 0; i < 32; i++) {
+		if (ibv_query_gid_ex(ctx, 1, i, &e, 0))
+			continue;
+		if (e.gid_type == IBV_GID_TYPE_ROCE_V2 &&
+		    !memcmp(e.gid.raw, v4mapped, sizeof(v4mapped))) {
+			*gid = e.gid;
+			return i;
+		}
+	}
+	return -1;
+}
+
+FIXTURE(odp)
+{
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq, *peer_cq;
+	struct ibv_qp *qp;	/* the requester */
+	struct ibv_qp *peer;	/* the responder, whose error is not ours */
+	struct ibv_mr *local;	/* pinned, the other side of each transfer */
+	char *local_buf;
+};
+
+/* Connect RC QP @qp to @dest on the same port. */
+static int connect_qp(struct ibv_context *ctx, struct ibv_qp *qp,
+		      struct ibv_qp *dest)
+{
+	struct ibv_qp_attr a = {
+		.qp_state = IBV_QPS_INIT, .port_num = 1,
+		.qp_access_flags = IBV_ACCESS_LOCAL_WRITE |
+			IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+			IBV_ACCESS_REMOTE_ATOMIC,
+	};
+	union ibv_gid gid;
+	int idx = roce_v2_ipv4_gid(ctx, &gid);
+
+	if (idx < 0)
+		return ENODEV;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
+			  IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+		return errno;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = dest->qp_num;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 12;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.port_num = 1;
+	a.ah_attr.grh.dgid = gid;
+	a.ah_attr.grh.sgid_index = idx;
+	a.ah_attr.grh.hop_limit = 1;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+			  IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+			  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+		return errno;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.max_rd_atomic = 1;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT |
+			  IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+			  IBV_QP_MAX_QP_RD_ATOMIC))
+		return errno;
+	return 0;
+}
+
+FIXTURE_SETUP(odp)
+{
+	const char *name = getenv("RDMA_DEV") ? getenv("RDMA_DEV") : "rxe0";
+	struct ibv_qp_init_attr init = {
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4,
+			 .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+
+	self->ctx = open_device(name);
+	ASSERT_NE(NULL, self->ctx) TH_LOG("no RDMA device %s", name);
+	self->pd = ibv_alloc_pd(self->ctx);
+	ASSERT_NE(NULL, self->pd);
+	self->cq = ibv_create_cq(self->ctx, 8, NULL, NULL, 0);
+	ASSERT_NE(NULL, self->cq);
+	init.send_cq = init.recv_cq = self->cq;
+	self->qp = ibv_create_qp(self->pd, &init);
+	ASSERT_NE(NULL, self->qp);
+	self->peer_cq = ibv_create_cq(self->ctx, 8, NULL, NULL, 0);
+	ASSERT_NE(NULL, self->peer_cq);
+	init.send_cq = init.recv_cq = self->peer_cq;
+	self->peer = ibv_create_qp(self->pd, &init);
+	ASSERT_NE(NULL, self->peer);
+	ASSERT_EQ(0, connect_qp(self->ctx, self->qp, self->peer));
+	ASSERT_EQ(0, connect_qp(self->ctx, self->peer, self->qp));
+	self->local_buf = malloc(LEN);
+	ASSERT_NE(NULL, self->local_buf);
+	self->local = ibv_reg_mr(self->pd, self->local_buf, LEN,
+				 IBV_ACCESS_LOCAL_WRITE);
+	ASSERT_NE(NULL, self->local);
+}
+
+FIXTURE_TEARDOWN(odp)
+{
+	if (self->local)
+		ibv_dereg_mr(self->local);
+	free(self->local_buf);
+	if (self->qp)
+		ibv_destroy_qp(self->qp);
+	if (self->peer)
+		ibv_destroy_qp(self->peer);
+	if (self->cq)
+		ibv_destroy_cq(self->cq);
+	if (self->peer_cq)
+		ibv_destroy_cq(self->peer_cq);
+	if (self->pd)
+		ibv_dealloc_pd(self->pd);
+	if (self->ctx)
+		ibv_close_device(self->ctx);
+}
+
+/* Post @wr (signaled) and return its completion status, or -1 on timeout. */
+static int post_wait(struct ibv_qp *qp, struct ibv_cq *cq,
+		     struct ibv_send_wr *wr)
+{
+	struct ibv_send_wr *bad;
+	struct timespec t0, t;
+	struct ibv_wc wc;
+	int n;
+
+	wr->send_flags |= IBV_SEND_SIGNALED;
+	if (ibv_post_send(qp, wr, &bad))
+		return -1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	do {
+		n = ibv_poll_cq(cq, 1, &wc);
+		if (n > 0)
+			return wc.status;
+		clock_gettime(CLOCK_MONOTONIC, &t);
+	} while (n == 0 && t.tv_sec - t0.tv_sec < 60);
+	return -1;
+}
+
+/* RDMA WRITE or READ of @len bytes between local_buf and @raddr of @rkey. */
+static int rdma(FIXTURE_DATA(odp) *self, enum ibv_wr_opcode op, uint64_t raddr, uint32_t rkey,
+		uint32_t len)
+{
+	struct ibv_sge sge = {
+		(uintptr_t)self->local_buf, len, self->local->lkey,
+	};
+	struct ibv_send_wr wr = {
+		.sg_list = &sge, .num_sge = 1, .opcode = op,
+		.wr.rdma = { .remote_addr = raddr, .rkey = rkey },
+	};
+
+	return post_wait(self->qp, self->cq, &wr);
+}
+
+static int fetch_add(FIXTURE_DATA(odp) *self, uint64_t raddr, uint32_t rkey,
+		     uint64_t add)
+{
+	struct ibv_sge sge = {
+		(uintptr_t)self->local_buf, 8, self->local->lkey,
+	};
+	struct ibv_send_wr wr = {
+		.sg_list = &sge, .num_sge = 1,
+		.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD,
+		.wr.atomic = { .remote_addr = raddr, .compare_add = add,
+			       .rkey = rkey },
+	};
+
+	return post_wait(self->qp, self->cq, &wr);
+}
+
+static void *map_anon(size_t len)
+{
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static void fill(void *p, size_t len, unsigned int seed)
+{
+	size_t i;
+
+	for (i = 0; i < len; i++)
+		((uint8_t *)p)[i] = (uint8_t)(i * 7 + seed);
+}
+
+#define ODP_REMOTE (IBV_ACCESS_ON_DEMAND | IBV_ACCESS_LOCAL_WRITE | \
+		    IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | \
+		    IBV_ACCESS_REMOTE_ATOMIC)
+
+/* Remote access at iova + offset reaches address + offset, both ways. */
+TEST_F(odp, iova_not_address)
+{
+	char *buf = map_anon(LEN);
+	struct ibv_mr *mr;
+	uint64_t v;
+
+	ASSERT_NE(NULL, buf);
+	mr = ibv_reg_mr_iova(self->pd, buf, LEN, IOVA, ODP_REMOTE);
+	ASSERT_NE(NULL, mr) TH_LOG("ibv_reg_mr_iova: %s", strerror(errno));
+
+	fill(self->local_buf, 20000, 1);
+	ASSERT_EQ(IBV_WC_SUCCESS, rdma(self, IBV_WR_RDMA_WRITE,
+				       IOVA + 5000, mr->rkey, 20000));
+	EXPECT_EQ(0, memcmp(buf + 5000, self->local_buf, 20000));
+
+	fill(buf, LEN, 3);
+	ASSERT_EQ(IBV_WC_SUCCESS, rdma(self, IBV_WR_RDMA_READ,
+				       IOVA + 100, mr->rkey, 30000));
+	EXPECT_EQ(0, memcmp(self->local_buf, buf + 100, 30000));
+
+	memcpy(buf + 4096, &(uint64_t){ 40 }, 8);
+	ASSERT_EQ(IBV_WC_SUCCESS, fetch_add(self, IOVA + 4096, mr->rkey, 2));
+	memcpy(&v, self->local_buf, 8);
+	EXPECT_EQ(40, v);
+	memcpy(&v, buf + 4096, 8);
+	EXPECT_EQ(42, v);
+
+	EXPECT_EQ(0, ibv_dereg_mr(mr));
+	munmap(buf, LEN);
+}
+
+/* Below the iova is outside the MR: a remote access error, nothing else. */
+TEST_F(odp, iova_below_range)
+{
+	char *buf = map_anon(LEN);
+	struct ibv_mr *mr;
+
+	ASSERT_NE(NULL, buf);
+	mr = ibv_reg_mr_iova(self->pd, buf, LEN, IOVA, ODP_REMOTE);
+	ASSERT_NE(NULL, mr);
+	EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, rdma(self,
+					      IBV_WR_RDMA_WRITE, IOVA - 4096,
+					      mr->rkey, 64));
+	EXPECT_EQ(0, ibv_dereg_mr(mr));
+	munmap(buf, LEN);
+}
+
+/* Writes, reads and atomics through an implicit MR's rkey, across children. */
+TEST_F(odp, implicit_across_children)
+{
+	char *area = mmap(NULL, 2 * CHILD_SIZE, PROT_READ | PROT_WRITE,
+			  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	struct ibv_mr *mr;
+	uintptr_t edge;
+	char *p;
+	uint64_t v;
+
+	ASSERT_NE(MAP_FAILED, area);
+	edge = ((uintptr_t)area + CHILD_SIZE) & ~(CHILD_SIZE - 1);
+	p = (char *)edge - 10000;	/* 10000 bytes in one child, the rest in the next */
+	mr = ibv_reg_mr(self->pd, NULL, SIZE_MAX, ODP_REMOTE);
+	ASSERT_NE(NULL, mr) TH_LOG("implicit ODP: %s", strerror(errno));
+
+	fill(self->local_buf, 30000, 5);
+	ASSERT_EQ(IBV_WC_SUCCESS, rdma(self, IBV_WR_RDMA_WRITE,
+				       (uintptr_t)p, mr->rkey, 30000));
+	EXPECT_EQ(0, memcmp(p, self->local_buf, 30000));
+
+	fill(p, 30000, 9);
+	memset(self->local_buf, 0, 30000);
+	ASSERT_EQ(IBV_WC_SUCCESS, rdma(self, IBV_WR_RDMA_READ,
+				       (uintptr_t)p, mr->rkey, 30000));
+	EXPECT_EQ(0, memcmp(self->local_buf, p, 30000));
+
+	memcpy((char *)edge, &(uint64_t){ 7 }, 8);
+	ASSERT_EQ(IBV_WC_SUCCESS, fetch_add(self, edge, mr->rkey, 5));
+	memcpy(&v, (char *)edge, 8);
+	EXPECT_EQ(12, v);
+
+	EXPECT_EQ(0, ibv_dereg_mr(mr));
+	munmap(area, 2 * CHILD_SIZE);
+}
+
+/* An implicit MR follows the mapping: unmap, map again, see the new page. */
+TEST_F(odp, implicit_follows_remap)
+{
+	struct ibv_mr *mr = ibv_reg_mr(self->pd, NULL, SIZE_MAX, ODP_REMOTE);
+	char *buf = map_anon(LEN), *again;
+
+	ASSERT_NE(NULL, mr);
+	ASSERT_NE(NULL, buf);
+	memset(buf, 'A', LEN);
+	ASSERT_EQ(IBV_WC_SUCCESS, rdma(self, IBV_WR_RDMA_READ,
+				       (uintptr_t)buf, mr->rkey, LEN));
+	EXPECT_EQ('A', self->local_buf[LEN - 1]);
+	ASSERT_EQ(0, munmap(buf, LEN));
+	again = mmap(buf, LEN, PROT_READ | PROT_WRITE,
+		     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+	ASSERT_EQ(buf, again);
+	memset(buf, 'B', LEN);
+	ASSERT_EQ(IBV_WC_SUCCESS, rdma(self, IBV_WR_RDMA_READ,
+				       (uintptr_t)buf, mr->rkey, LEN));
+	EXPECT_EQ('B', self->local_buf[0]);
+	EXPECT_EQ('B', self->local_buf[LEN - 1]);
+	EXPECT_EQ(0, ibv_dereg_mr(mr));
+	munmap(buf, LEN);
+}
+
+/* An implicit MR reaches no address that is not mapped. */
+TEST_F(odp, implicit_unmapped_address)
+{
+	struct ibv_mr *mr = ibv_reg_mr(self->pd, NULL, SIZE_MAX, ODP_REMOTE);
+	char *buf = map_anon(LEN);
+
+	ASSERT_NE(NULL, mr);
+	ASSERT_NE(NULL, buf);
+	ASSERT_EQ(0, munmap(buf, LEN));
+	EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, rdma(self,
+					      IBV_WR_RDMA_WRITE,
+					      (uintptr_t)buf, mr->rkey, 64));
+	EXPECT_EQ(0, ibv_dereg_mr(mr));
+}
+
+/* The raw ADVISE_MR ioctl; returns 0 or an errno. */
+static int advise_mr(struct ibv_pd *pd, uint32_t advice, uint32_t flags,
+		     uint64_t addr, uint32_t length, uint32_t lkey)
+{
+	struct { uint64_t addr; uint32_t length, lkey; } sge = {
+		addr, length, lkey,
+	};
+	struct {
+		struct ib_uverbs_ioctl_hdr hdr;
+		struct ib_uverbs_attr attrs[4];
+	} cmd = {
+		.hdr = {
+			.length = sizeof(cmd),
+			.object_id = UVERBS_OBJECT_MR,
+			.method_id = UVERBS_METHOD_ADVISE_MR,
+			.num_attrs = 4,
+			.driver_id = RDMA_DRIVER_RXE,	/* checked by the core */
+		},
+		.attrs = {
+			{ .attr_id = UVERBS_ATTR_ADVISE_MR_PD_HANDLE,
+			  .flags = UVERBS_ATTR_F_MANDATORY,
+			  .data = pd->handle },
+			{ .attr_id = UVERBS_ATTR_ADVISE_MR_ADVICE,
+			  .len = sizeof(uint64_t),	/* an enum: always u64 */
+			  .flags = UVERBS_ATTR_F_MANDATORY, .data = advice },
+			{ .attr_id = UVERBS_ATTR_ADVISE_MR_FLAGS,
+			  .len = sizeof(uint32_t),
+			  .flags = UVERBS_ATTR_F_MANDATORY, .data = flags },
+			{ .attr_id = UVERBS_ATTR_ADVISE_MR_SGE_LIST,
+			  .len = sizeof(sge), .flags = UVERBS_ATTR_F_MANDATORY,
+			  .data = (uintptr_t)&sge },
+		},
+	};
+
+	return ioctl(pd->context->cmd_fd, RDMA_VERBS_IOCTL, &cmd) ? errno : 0;
+}
+
+/* A port hw counter; the core caches them for 10 ms: wait that out first. */
+static uint64_t hw_counter(const char *name)
+{
+	const char *dev = getenv("RDMA_DEV") ? getenv("RDMA_DEV") : "rxe0";
+	unsigned long long v = 0;
+	char path[256];
+	FILE *f;
+
+	usleep(20 * 1000);
+	snprintf(path, sizeof(path),
+		 "/sys/class/infiniband/%s/ports/1/hw_counters/%s", dev, name);
+	f = fopen(path, "r");
+	if (!f)
+		return UINT64_MAX;
+	if (fscanf(f, "%llu", &v) != 1)
+		v = UINT64_MAX;
+	fclose(f);
+	return v;
+}
+
+#define SYNC IBV_ADVISE_MR_FLAG_FLUSH
+
+/* Each bad prefetch gets its own errno, on the synchronous and async paths. */
+TEST_F(odp, advise_mr_checks)
+{
+	char *buf = map_anon(LEN);
+	struct ibv_mr *odp_rw, *odp_ro, *pinned;
+	uint32_t flags;
+
+	ASSERT_NE(NULL, buf);
+	odp_rw = ibv_reg_mr(self->pd, buf, LEN, ODP_REMOTE);
+	odp_ro = ibv_reg_mr(self->pd, buf, LEN,
+			    IBV_ACCESS_ON_DEMAND | IBV_ACCESS_REMOTE_READ);
+	pinned = ibv_reg_mr(self->pd, buf, LEN, IBV_ACCESS_LOCAL_WRITE);
+	ASSERT_NE(NULL, odp_rw);
+	ASSERT_NE(NULL, odp_ro);
+	ASSERT_NE(NULL, pinned);
+
+	for (flags = 0; flags <= SYNC; flags += SYNC) {
+		TH_LOG("%s path", flags ? "synchronous" : "asynchronous");
+		EXPECT_EQ(0, advise_mr(self->pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE,
+				       flags, (uintptr_t)buf, LEN, odp_rw->lkey));
+		/* A read-only ODP MR can be prefetched for reading... */
+		EXPECT_EQ(0, advise_mr(self->pd, IBV_ADVISE_MR_ADVICE_PREFETCH,
+				       flags, (uintptr_t)buf, LEN, odp_ro->lkey));
+		EXPECT_EQ(0, advise_mr(self->pd,
+				       IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT,
+				       flags, (uintptr_t)buf, LEN, odp_ro->lkey));
+		/* ...not for writing. */
+		EXPECT_EQ(EPERM, advise_mr(self->pd,
+					   IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE,
+					   flags, (uintptr_t)buf, LEN,
+					   odp_ro->lkey));
+		EXPECT_EQ(EINVAL, advise_mr(self->pd,
+					    IBV_ADVISE_MR_ADVICE_PREFETCH,
+					    flags, (uintptr_t)buf, LEN,
+					    pinned->lkey));
+		EXPECT_EQ(ENOENT, advise_mr(self->pd,
+					    IBV_ADVISE_MR_ADVICE_PREFETCH,
+					    flags, (uintptr_t)buf, LEN,
+					    odp_rw->lkey ^ 0xffff00));
+		EXPECT_EQ(EINVAL, advise_mr(self->pd,
+					    IBV_ADVISE_MR_ADVICE_PREFETCH,
+					    flags, (uintptr_t)buf + 4096, LEN,
+					    odp_rw->lkey));
+	}
+	EXPECT_EQ(EOPNOTSUPP, advise_mr(self->pd, 77, SYNC, (uintptr_t)buf,
+					LEN, odp_rw->lkey));
+	EXPECT_EQ(0, ibv_dereg_mr(pinned));
+	EXPECT_EQ(0, ibv_dereg_mr(odp_ro));
+	EXPECT_EQ(0, ibv_dereg_mr(odp_rw));
+	munmap(buf, LEN);
+}
+
+/* Prefetch and faults show in the device's ODP counters. */
+TEST_F(odp, counters)
+{
+	uint64_t pf0 = hw_counter("odp_page_prefetch");
+	uint64_t f0 = hw_counter("odp_page_faults");
+	uint64_t inv0 = hw_counter("odp_page_invalidations");
+	struct ibv_mr *mr = ibv_reg_mr(self->pd, NULL, SIZE_MAX, ODP_REMOTE);
+	char *a = map_anon(LEN), *b = map_anon(LEN);
+
+	ASSERT_NE(UINT64_MAX, pf0) TH_LOG("no odp_* hw counters");
+	ASSERT_NE(NULL, mr);
+	ASSERT_NE(NULL, a);
+	ASSERT_NE(NULL, b);
+	EXPECT_EQ(0, advise_mr(self->pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE,
+			       SYNC, (uintptr_t)a, LEN, mr->lkey));
+	EXPECT_EQ(pf0 + LEN / 4096, hw_counter("odp_page_prefetch"));
+	/* b was never touched: the write faults each page in. */
+	ASSERT_EQ(IBV_WC_SUCCESS, rdma(self, IBV_WR_RDMA_WRITE,
+				       (uintptr_t)b, mr->rkey, LEN));
+	EXPECT_LE(f0 + LEN / 4096, hw_counter("odp_page_faults"));
+	ASSERT_EQ(0, munmap(a, LEN));
+	EXPECT_LE(inv0 + LEN / 4096, hw_counter("odp_page_invalidations"));
+	EXPECT_EQ(0, ibv_dereg_mr(mr));
+	munmap(b, LEN);
+}
+
+TEST_HARNESS_MAIN
