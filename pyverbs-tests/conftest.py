@@ -11,7 +11,7 @@ from pyverbs.cq import CQ
 from pyverbs.device import Context
 from pyverbs.pd import PD
 from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
-from pyverbs.wr import SGE, SendWR
+from pyverbs.wr import RecvWR, SGE, SendWR
 
 RDMA_DEV = os.environ.get("RDMA_DEV", "rxe0")
 libc = ctypes.CDLL(None, use_errno=True)
@@ -34,6 +34,18 @@ def mmap_anon(length, addr=None, flags=0):
         libc.munmap(p, length)
         raise OSError("mmap did not land at the requested address")
     return p
+
+
+MADV_DONTNEED, MADV_NOHUGEPAGE = 4, 15
+
+
+def madvise(addr, length, advice):
+    if libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(length), advice):
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+
+
+def madvise_dontneed(addr, length):
+    madvise(addr, length, MADV_DONTNEED)
 
 
 def munmap(addr, length):
@@ -82,11 +94,8 @@ class LoopbackQP:
         attr.rq_psn = attr.sq_psn = 0
         self.qp.to_rts(attr)
 
-    def rdma(self, opcode, src_mr, src_addr, length, dst_mr, dst_addr, timeout=30.0):
-        """Post one signaled RDMA WRITE or READ and return its completion status."""
-        wr = SendWR(opcode=opcode, num_sge=1, sg=[SGE(src_addr, length, src_mr.lkey)])
-        wr.set_wr_rdma(dst_mr.rkey, dst_addr)
-        self.qp.post_send(wr)
+    def wait(self, timeout=30.0):
+        """The status of the next completion."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             n, wcs = self.cq.poll()
@@ -94,6 +103,28 @@ class LoopbackQP:
                 return wcs[0].status
             time.sleep(0.0005)
         raise TimeoutError("no completion")
+
+    def rdma(self, opcode, src_mr, src_addr, length, dst_mr, dst_addr, timeout=30.0):
+        """Post one signaled RDMA WRITE or READ and return its completion status."""
+        wr = SendWR(opcode=opcode, num_sge=1, sg=[SGE(src_addr, length, src_mr.lkey)])
+        wr.set_wr_rdma(dst_mr.rkey, dst_addr)
+        self.qp.post_send(wr)
+        return self.wait(timeout)
+
+    def fetch_add(self, local_mr, local_addr, dst_mr, dst_addr, add):
+        """Atomic fetch-and-add of @add at dst_addr; the old value lands at local_addr."""
+        wr = SendWR(opcode=e.IBV_WR_ATOMIC_FETCH_AND_ADD, num_sge=1,
+                    sg=[SGE(local_addr, 8, local_mr.lkey)])
+        wr.set_wr_atomic(rkey=dst_mr.rkey, addr=dst_addr, compare_add=add, swap=0)
+        self.qp.post_send(wr)
+        return self.wait()
+
+    def send_recv(self, src_mr, src_addr, dst_mr, dst_addr, length):
+        """SEND length bytes to a posted receive; returns (send, recv) statuses."""
+        self.qp.post_recv(RecvWR(num_sge=1, sg=[SGE(dst_addr, length, dst_mr.lkey)]))
+        self.qp.post_send(SendWR(opcode=e.IBV_WR_SEND, num_sge=1,
+                                 sg=[SGE(src_addr, length, src_mr.lkey)]))
+        return self.wait(), self.wait()
 
 
 @pytest.fixture

@@ -59,15 +59,20 @@ static int roce_v2_ipv4_gid(struct ibv_context *ctx, union ibv_gid *gid)
 	return -1;
 }
 
-FIXTURE(odp)
-{
-	struct ibv_context *ctx;
-	struct ibv_pd *pd;
+/* A requester QP, its responder, and a pinned buffer to move data with. */
+struct link {
 	struct ibv_cq *cq, *peer_cq;
 	struct ibv_qp *qp;	/* the requester */
 	struct ibv_qp *peer;	/* the responder, whose error is not ours */
 	struct ibv_mr *local;	/* pinned, the other side of each transfer */
 	char *local_buf;
+};
+
+FIXTURE(odp)
+{
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct link l;
 };
 
 /* Connect RC QP @qp to @dest on the same port. */
@@ -84,10 +89,10 @@ static int connect_qp(struct ibv_context *ctx, struct ibv_qp *qp,
 	int idx = roce_v2_ipv4_gid(ctx, &gid);
 
 	if (idx < 0)
-		return ENODEV;
+		return -ENODEV;
 	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
 			  IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-		return errno;
+		return -errno;
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTR;
 	a.path_mtu = IBV_MTU_1024;
@@ -102,7 +107,7 @@ static int connect_qp(struct ibv_context *ctx, struct ibv_qp *qp,
 	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
 			  IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
 			  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		return errno;
+		return -errno;
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTS;
 	a.timeout = 14;
@@ -112,7 +117,7 @@ static int connect_qp(struct ibv_context *ctx, struct ibv_qp *qp,
 	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT |
 			  IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
 			  IBV_QP_MAX_QP_RD_ATOMIC))
-		return errno;
+		return -errno;
 	return 0;
 }
 
@@ -129,38 +134,40 @@ FIXTURE_SETUP(odp)
 	ASSERT_NE(NULL, self->ctx) TH_LOG("no RDMA device %s", name);
 	self->pd = ibv_alloc_pd(self->ctx);
 	ASSERT_NE(NULL, self->pd);
-	self->cq = ibv_create_cq(self->ctx, 8, NULL, NULL, 0);
-	ASSERT_NE(NULL, self->cq);
-	init.send_cq = init.recv_cq = self->cq;
-	self->qp = ibv_create_qp(self->pd, &init);
-	ASSERT_NE(NULL, self->qp);
-	self->peer_cq = ibv_create_cq(self->ctx, 8, NULL, NULL, 0);
-	ASSERT_NE(NULL, self->peer_cq);
-	init.send_cq = init.recv_cq = self->peer_cq;
-	self->peer = ibv_create_qp(self->pd, &init);
-	ASSERT_NE(NULL, self->peer);
-	ASSERT_EQ(0, connect_qp(self->ctx, self->qp, self->peer));
-	ASSERT_EQ(0, connect_qp(self->ctx, self->peer, self->qp));
-	self->local_buf = malloc(LEN);
-	ASSERT_NE(NULL, self->local_buf);
-	self->local = ibv_reg_mr(self->pd, self->local_buf, LEN,
-				 IBV_ACCESS_LOCAL_WRITE);
-	ASSERT_NE(NULL, self->local);
+	self->l.cq = ibv_create_cq(self->ctx, 8, NULL, NULL, 0);
+	ASSERT_NE(NULL, self->l.cq);
+	init.send_cq = self->l.cq;
+	init.recv_cq = self->l.cq;
+	self->l.qp = ibv_create_qp(self->pd, &init);
+	ASSERT_NE(NULL, self->l.qp);
+	self->l.peer_cq = ibv_create_cq(self->ctx, 8, NULL, NULL, 0);
+	ASSERT_NE(NULL, self->l.peer_cq);
+	init.send_cq = self->l.peer_cq;
+	init.recv_cq = self->l.peer_cq;
+	self->l.peer = ibv_create_qp(self->pd, &init);
+	ASSERT_NE(NULL, self->l.peer);
+	ASSERT_EQ(0, connect_qp(self->ctx, self->l.qp, self->l.peer));
+	ASSERT_EQ(0, connect_qp(self->ctx, self->l.peer, self->l.qp));
+	self->l.local_buf = malloc(LEN);
+	ASSERT_NE(NULL, self->l.local_buf);
+	self->l.local = ibv_reg_mr(self->pd, self->l.local_buf, LEN,
+				   IBV_ACCESS_LOCAL_WRITE);
+	ASSERT_NE(NULL, self->l.local);
 }
 
 FIXTURE_TEARDOWN(odp)
 {
-	if (self->local)
-		ibv_dereg_mr(self->local);
-	free(self->local_buf);
-	if (self->qp)
-		ibv_destroy_qp(self->qp);
-	if (self->peer)
-		ibv_destroy_qp(self->peer);
-	if (self->cq)
-		ibv_destroy_cq(self->cq);
-	if (self->peer_cq)
-		ibv_destroy_cq(self->peer_cq);
+	if (self->l.local)
+		ibv_dereg_mr(self->l.local);
+	free(self->l.local_buf);
+	if (self->l.qp)
+		ibv_destroy_qp(self->l.qp);
+	if (self->l.peer)
+		ibv_destroy_qp(self->l.peer);
+	if (self->l.cq)
+		ibv_destroy_cq(self->l.cq);
+	if (self->l.peer_cq)
+		ibv_destroy_cq(self->l.peer_cq);
 	if (self->pd)
 		ibv_dealloc_pd(self->pd);
 	if (self->ctx)
@@ -190,25 +197,25 @@ static int post_wait(struct ibv_qp *qp, struct ibv_cq *cq,
 }
 
 /* RDMA WRITE or READ of @len bytes between local_buf and @raddr of @rkey. */
-static int rdma(FIXTURE_DATA(odp) *self, enum ibv_wr_opcode op, uint64_t raddr, uint32_t rkey,
-		uint32_t len)
+static int rdma(struct link *l, enum ibv_wr_opcode op, uint64_t raddr,
+		uint32_t rkey, uint32_t len)
 {
 	struct ibv_sge sge = {
-		(uintptr_t)self->local_buf, len, self->local->lkey,
+		(uintptr_t)l->local_buf, len, l->local->lkey,
 	};
 	struct ibv_send_wr wr = {
 		.sg_list = &sge, .num_sge = 1, .opcode = op,
 		.wr.rdma = { .remote_addr = raddr, .rkey = rkey },
 	};
 
-	return post_wait(self->qp, self->cq, &wr);
+	return post_wait(l->qp, l->cq, &wr);
 }
 
-static int fetch_add(FIXTURE_DATA(odp) *self, uint64_t raddr, uint32_t rkey,
+static int fetch_add(struct link *l, uint64_t raddr, uint32_t rkey,
 		     uint64_t add)
 {
 	struct ibv_sge sge = {
-		(uintptr_t)self->local_buf, 8, self->local->lkey,
+		(uintptr_t)l->local_buf, 8, l->local->lkey,
 	};
 	struct ibv_send_wr wr = {
 		.sg_list = &sge, .num_sge = 1,
@@ -217,7 +224,7 @@ static int fetch_add(FIXTURE_DATA(odp) *self, uint64_t raddr, uint32_t rkey,
 			       .rkey = rkey },
 	};
 
-	return post_wait(self->qp, self->cq, &wr);
+	return post_wait(l->qp, l->cq, &wr);
 }
 
 static void *map_anon(size_t len)
@@ -251,19 +258,19 @@ TEST_F(odp, iova_not_address)
 	mr = ibv_reg_mr_iova(self->pd, buf, LEN, IOVA, ODP_REMOTE);
 	ASSERT_NE(NULL, mr) TH_LOG("ibv_reg_mr_iova: %s", strerror(errno));
 
-	fill(self->local_buf, 20000, 1);
-	ASSERT_EQ(IBV_WC_SUCCESS, rdma(self, IBV_WR_RDMA_WRITE,
+	fill(self->l.local_buf, 20000, 1);
+	ASSERT_EQ(IBV_WC_SUCCESS, rdma(&self->l, IBV_WR_RDMA_WRITE,
 				       IOVA + 5000, mr->rkey, 20000));
-	EXPECT_EQ(0, memcmp(buf + 5000, self->local_buf, 20000));
+	EXPECT_EQ(0, memcmp(buf + 5000, self->l.local_buf, 20000));
 
 	fill(buf, LEN, 3);
-	ASSERT_EQ(IBV_WC_SUCCESS, rdma(self, IBV_WR_RDMA_READ,
+	ASSERT_EQ(IBV_WC_SUCCESS, rdma(&self->l, IBV_WR_RDMA_READ,
 				       IOVA + 100, mr->rkey, 30000));
-	EXPECT_EQ(0, memcmp(self->local_buf, buf + 100, 30000));
+	EXPECT_EQ(0, memcmp(self->l.local_buf, buf + 100, 30000));
 
 	memcpy(buf + 4096, &(uint64_t){ 40 }, 8);
-	ASSERT_EQ(IBV_WC_SUCCESS, fetch_add(self, IOVA + 4096, mr->rkey, 2));
-	memcpy(&v, self->local_buf, 8);
+	ASSERT_EQ(IBV_WC_SUCCESS, fetch_add(&self->l, IOVA + 4096, mr->rkey, 2));
+	memcpy(&v, self->l.local_buf, 8);
 	EXPECT_EQ(40, v);
 	memcpy(&v, buf + 4096, 8);
 	EXPECT_EQ(42, v);
@@ -281,7 +288,7 @@ TEST_F(odp, iova_below_range)
 	ASSERT_NE(NULL, buf);
 	mr = ibv_reg_mr_iova(self->pd, buf, LEN, IOVA, ODP_REMOTE);
 	ASSERT_NE(NULL, mr);
-	EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, rdma(self,
+	EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, rdma(&self->l,
 					      IBV_WR_RDMA_WRITE, IOVA - 4096,
 					      mr->rkey, 64));
 	EXPECT_EQ(0, ibv_dereg_mr(mr));
@@ -304,19 +311,19 @@ TEST_F(odp, implicit_across_children)
 	mr = ibv_reg_mr(self->pd, NULL, SIZE_MAX, ODP_REMOTE);
 	ASSERT_NE(NULL, mr) TH_LOG("implicit ODP: %s", strerror(errno));
 
-	fill(self->local_buf, 30000, 5);
-	ASSERT_EQ(IBV_WC_SUCCESS, rdma(self, IBV_WR_RDMA_WRITE,
+	fill(self->l.local_buf, 30000, 5);
+	ASSERT_EQ(IBV_WC_SUCCESS, rdma(&self->l, IBV_WR_RDMA_WRITE,
 				       (uintptr_t)p, mr->rkey, 30000));
-	EXPECT_EQ(0, memcmp(p, self->local_buf, 30000));
+	EXPECT_EQ(0, memcmp(p, self->l.local_buf, 30000));
 
 	fill(p, 30000, 9);
-	memset(self->local_buf, 0, 30000);
-	ASSERT_EQ(IBV_WC_SUCCESS, rdma(self, IBV_WR_RDMA_READ,
+	memset(self->l.local_buf, 0, 30000);
+	ASSERT_EQ(IBV_WC_SUCCESS, rdma(&self->l, IBV_WR_RDMA_READ,
 				       (uintptr_t)p, mr->rkey, 30000));
-	EXPECT_EQ(0, memcmp(self->local_buf, p, 30000));
+	EXPECT_EQ(0, memcmp(self->l.local_buf, p, 30000));
 
 	memcpy((char *)edge, &(uint64_t){ 7 }, 8);
-	ASSERT_EQ(IBV_WC_SUCCESS, fetch_add(self, edge, mr->rkey, 5));
+	ASSERT_EQ(IBV_WC_SUCCESS, fetch_add(&self->l, edge, mr->rkey, 5));
 	memcpy(&v, (char *)edge, 8);
 	EXPECT_EQ(12, v);
 
@@ -333,18 +340,18 @@ TEST_F(odp, implicit_follows_remap)
 	ASSERT_NE(NULL, mr);
 	ASSERT_NE(NULL, buf);
 	memset(buf, 'A', LEN);
-	ASSERT_EQ(IBV_WC_SUCCESS, rdma(self, IBV_WR_RDMA_READ,
+	ASSERT_EQ(IBV_WC_SUCCESS, rdma(&self->l, IBV_WR_RDMA_READ,
 				       (uintptr_t)buf, mr->rkey, LEN));
-	EXPECT_EQ('A', self->local_buf[LEN - 1]);
+	EXPECT_EQ('A', self->l.local_buf[LEN - 1]);
 	ASSERT_EQ(0, munmap(buf, LEN));
 	again = mmap(buf, LEN, PROT_READ | PROT_WRITE,
 		     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
 	ASSERT_EQ(buf, again);
 	memset(buf, 'B', LEN);
-	ASSERT_EQ(IBV_WC_SUCCESS, rdma(self, IBV_WR_RDMA_READ,
+	ASSERT_EQ(IBV_WC_SUCCESS, rdma(&self->l, IBV_WR_RDMA_READ,
 				       (uintptr_t)buf, mr->rkey, LEN));
-	EXPECT_EQ('B', self->local_buf[0]);
-	EXPECT_EQ('B', self->local_buf[LEN - 1]);
+	EXPECT_EQ('B', self->l.local_buf[0]);
+	EXPECT_EQ('B', self->l.local_buf[LEN - 1]);
 	EXPECT_EQ(0, ibv_dereg_mr(mr));
 	munmap(buf, LEN);
 }
@@ -358,7 +365,7 @@ TEST_F(odp, implicit_unmapped_address)
 	ASSERT_NE(NULL, mr);
 	ASSERT_NE(NULL, buf);
 	ASSERT_EQ(0, munmap(buf, LEN));
-	EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, rdma(self,
+	EXPECT_EQ(IBV_WC_REM_ACCESS_ERR, rdma(&self->l,
 					      IBV_WR_RDMA_WRITE,
 					      (uintptr_t)buf, mr->rkey, 64));
 	EXPECT_EQ(0, ibv_dereg_mr(mr));
@@ -475,11 +482,12 @@ TEST_F(odp, advise_mr_checks)
 	munmap(buf, LEN);
 }
 
-/* Prefetch and faults show in the device's ODP counters. */
+/* Prefetch, faults and invalidations show in the device's ODP counters. */
 TEST_F(odp, counters)
 {
 	uint64_t pf0 = hw_counter("odp_page_prefetch");
 	uint64_t f0 = hw_counter("odp_page_faults");
+	uint64_t h0 = hw_counter("odp_page_faults_handled");
 	uint64_t inv0 = hw_counter("odp_page_invalidations");
 	struct ibv_mr *mr = ibv_reg_mr(self->pd, NULL, SIZE_MAX, ODP_REMOTE);
 	char *a = map_anon(LEN), *b = map_anon(LEN);
@@ -492,9 +500,11 @@ TEST_F(odp, counters)
 			       SYNC, (uintptr_t)a, LEN, mr->lkey));
 	EXPECT_EQ(pf0 + LEN / 4096, hw_counter("odp_page_prefetch"));
 	/* b was never touched: the write faults each page in. */
-	ASSERT_EQ(IBV_WC_SUCCESS, rdma(self, IBV_WR_RDMA_WRITE,
+	ASSERT_EQ(IBV_WC_SUCCESS, rdma(&self->l, IBV_WR_RDMA_WRITE,
 				       (uintptr_t)b, mr->rkey, LEN));
-	EXPECT_LE(f0 + LEN / 4096, hw_counter("odp_page_faults"));
+	/* Found absent at least once; brought in whole (fault-around). */
+	EXPECT_LT(f0, hw_counter("odp_page_faults"));
+	EXPECT_LE(h0 + LEN / 4096, hw_counter("odp_page_faults_handled"));
 	ASSERT_EQ(0, munmap(a, LEN));
 	EXPECT_LE(inv0 + LEN / 4096, hw_counter("odp_page_invalidations"));
 	EXPECT_EQ(0, ibv_dereg_mr(mr));

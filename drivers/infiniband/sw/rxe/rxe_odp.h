@@ -21,6 +21,21 @@
 #define RXE_ODP_CHILD_SHIFT	27
 #define RXE_ODP_CHILD_SIZE	BIT_ULL(RXE_ODP_CHILD_SHIFT)
 
+/*
+ * A responder fault brings in the access and, best effort, what follows it
+ * up to this window (as mlx5 prefetches after an RDMA responder fault), so
+ * a large first-touch transfer takes few faults and few RNR NAKs.
+ */
+#define RXE_ODP_FAULT_AROUND	SZ_4M
+/*
+ * For this long after an invalidation dropped mapped pages of an MR, its
+ * responder faults run in place: under mapping churn an RNR round trip
+ * (at least a jiffy) costs more than the fault it avoids.
+ */
+#define RXE_ODP_CHURN_MS	100
+/* Responder faults queued per MR at once; more are retried by the peer. */
+#define RXE_ODP_MAX_FAULT_WORK	4
+
 /* Per-MR ODP counters, in pages; names as mlx5 reports them. */
 enum rxe_odp_counter {
 	RXE_ODP_PAGE_FAULTS,		/* pages found absent on access */
@@ -42,6 +57,13 @@ struct rxe_odp_mr {
 	struct xarray children;		/* child index -> struct ib_umem_odp */
 	struct work_struct reap_work;
 	atomic64_t counters[RXE_ODP_NUM_COUNTERS];
+
+	/* Responder faults: queued work, and the last range that failed. */
+	spinlock_t fault_lock;
+	unsigned int faults_queued;
+	u64 rnr_va;			/* the last access answered RNR */
+	unsigned long churn;		/* jiffies of the last page dropped */
+	u64 failed_start, failed_end;
 };
 
 /* xarray mark of a child that may have no page left: reap_work checks it. */

@@ -249,9 +249,13 @@ int rxe_odp_flush_pmem_iova(struct rxe_mr *mr, u64 iova, unsigned int length)
 	return rxe_odp_walk(mr, iova, length, false, rxe_odp_flush_page, NULL);
 }
 
-/* Map [iova, iova + len) of @mr for a prefetch; @fault: bring pages in. */
-static int rxe_odp_prefetch(struct rxe_mr *mr, u64 iova, u64 len, bool write,
-			    bool fault)
+/*
+ * Map [iova, iova + len) of @mr, for a prefetch or a queued responder fault;
+ * @fault: bring absent pages in (else map only what is there). The pages
+ * mapped are counted in @counter.
+ */
+static int rxe_odp_map_range(struct rxe_mr *mr, u64 iova, u64 len, bool write,
+			     bool fault, enum rxe_odp_counter counter)
 {
 	bool implicit = rxe_odp_is_implicit(mr);
 	u64 va = rxe_odp_va(mr, iova);
@@ -277,7 +281,7 @@ static int rxe_odp_prefetch(struct rxe_mr *mr, u64 iova, u64 len, bool write,
 			break;
 		}
 		mutex_unlock(&umem_odp->umem_mutex);
-		rxe_odp_count(mr, RXE_ODP_PAGE_PREFETCH,
+		rxe_odp_count(mr, counter,
 			      (ALIGN(va + chunk, PAGE_SIZE) -
 			       ALIGN_DOWN(va, PAGE_SIZE)) >> PAGE_SHIFT);
 		va += chunk;
@@ -344,8 +348,9 @@ static void rxe_odp_prefetch_work(struct work_struct *w)
 	u32 i;
 
 	for (i = 0; i < work->num_sge; i++) {
-		rxe_odp_prefetch(work->sge[i].mr, work->sge[i].iova,
-				 work->sge[i].length, work->write, work->fault);
+		rxe_odp_map_range(work->sge[i].mr, work->sge[i].iova,
+				  work->sge[i].length, work->write, work->fault,
+				  RXE_ODP_PAGE_PREFETCH);
 		rxe_put(work->sge[i].mr);
 	}
 	kvfree(work);
@@ -375,8 +380,9 @@ int rxe_ib_advise_mr(struct ib_pd *ibpd, enum ib_uverbs_advise_mr_advice advice,
 			mr = rxe_odp_prefetch_mr(pd, advice, &sg_list[i]);
 			if (IS_ERR(mr))
 				return PTR_ERR(mr);
-			err = rxe_odp_prefetch(mr, sg_list[i].addr,
-					       sg_list[i].length, write, fault);
+			err = rxe_odp_map_range(mr, sg_list[i].addr,
+						sg_list[i].length, write, fault,
+						RXE_ODP_PAGE_PREFETCH);
 			rxe_put(mr);
 		}
 		return err;
@@ -404,4 +410,175 @@ int rxe_ib_advise_mr(struct ib_pd *ibpd, enum ib_uverbs_advise_mr_advice advice,
 	}
 	queue_work(rxe_wq, &work->work);
 	return 0;
+}
+
+/* Pages of [va, va + len) of @mr absent; a missing child counts as absent. */
+static bool rxe_odp_all_present(struct rxe_mr *mr, u64 va, u64 len, bool write)
+{
+	struct ib_umem_odp *root = to_ib_umem_odp(mr->umem);
+	bool present = true;
+
+	if (!root->is_implicit_odp) {
+		if (va < ib_umem_start(root) || va + len > ib_umem_end(root))
+			return true;	/* out of range: let the access fail */
+		mutex_lock(&root->umem_mutex);
+		present = !rxe_odp_absent(root, va, len, write);
+		mutex_unlock(&root->umem_mutex);
+		return present;
+	}
+	down_read(&mr->odp->children_sem);
+	while (len && present) {
+		struct ib_umem_odp *child =
+			xa_load(&mr->odp->children, va >> RXE_ODP_CHILD_SHIFT);
+		u64 chunk;
+
+		if (!child) {
+			present = false;
+			break;
+		}
+		chunk = min(len, ib_umem_end(child) - va);
+		mutex_lock(&child->umem_mutex);
+		present = !rxe_odp_absent(child, va, chunk, write);
+		mutex_unlock(&child->umem_mutex);
+		va += chunk;
+		len -= chunk;
+	}
+	up_read(&mr->odp->children_sem);
+	return present;
+}
+
+/* Bytes from @va to the end of the VMA that holds it (0 if none). */
+static u64 rxe_odp_mapped_after(struct rxe_mr *mr, u64 va)
+{
+	struct mm_struct *mm = mr->umem->owning_mm;
+	struct vm_area_struct *vma;
+	u64 bytes = 0;
+
+	if (!mmget_not_zero(mm))
+		return 0;
+	mmap_read_lock(mm);
+	vma = vma_lookup(mm, va);
+	if (vma)
+		bytes = vma->vm_end - va;
+	mmap_read_unlock(mm);
+	mmput(mm);
+	return bytes;
+}
+
+struct rxe_odp_fault_work {
+	struct work_struct work;
+	struct rxe_mr *mr;
+	u64 iova;
+	u32 len;
+	bool write;
+};
+
+/*
+ * A responder fault, off the QP's task: the access itself, then best effort
+ * the fault-around window. A failure is remembered so that the retried
+ * access faults synchronously and reports it (remote access error) rather
+ * than being answered RNR forever.
+ */
+static void rxe_odp_fault_work(struct work_struct *w)
+{
+	struct rxe_odp_fault_work *work =
+		container_of(w, struct rxe_odp_fault_work, work);
+	struct rxe_mr *mr = work->mr;
+	struct rxe_odp_mr *odp = mr->odp;
+	u64 around = RXE_ODP_FAULT_AROUND - min(work->len, RXE_ODP_FAULT_AROUND);
+	u64 va = rxe_odp_va(mr, work->iova);
+	int err;
+
+	err = rxe_odp_map_range(mr, work->iova, work->len, work->write, true,
+				RXE_ODP_PAGE_FAULTS_HANDLED);
+	if (!err) {
+		/* Within the MR and the mapping: a hole would fail it all. */
+		around = min(around, rxe_odp_mapped_after(mr, va + work->len));
+		if (!rxe_odp_is_implicit(mr))
+			around = min(around, mr->ibmr.iova + mr->ibmr.length -
+				     (work->iova + work->len));
+		rxe_odp_map_range(mr, work->iova + work->len, around,
+				  work->write, true, RXE_ODP_PAGE_FAULTS_HANDLED);
+	}
+	spin_lock(&odp->fault_lock);
+	if (err) {
+		odp->failed_start = va;
+		odp->failed_end = va + work->len;
+	}
+	odp->faults_queued--;
+	spin_unlock(&odp->fault_lock);
+	rxe_put(mr);
+	kfree(work);
+}
+
+/*
+ * The responder's check before it touches an ODP MR through an rkey. If a
+ * page of [iova, iova + len) is absent, the fault is queued and the request
+ * answered with an RNR NAK: the QP's task never sleeps on a page fault of a
+ * remote access, and the requester retries after its RNR timer. Returns
+ * RESPST_ERR_RNR for that, RESPST_NONE to go on with the access.
+ */
+enum resp_states rxe_odp_resp_check(struct rxe_qp *qp, struct rxe_mr *mr,
+				    u64 iova, u32 len, bool write)
+{
+	struct rxe_odp_mr *odp = mr->odp;
+	u64 va = rxe_odp_va(mr, iova);
+	struct rxe_odp_fault_work *work;
+	bool sync = false;
+
+	if (!len || rxe_odp_all_present(mr, va, len, write))
+		return RESPST_NONE;
+	/*
+	 * Pages of this MR were dropped by an invalidation a moment ago: the
+	 * application is changing its mappings, the fault is a cheap one and
+	 * a retry would wait at least a jiffy. Fault in place.
+	 */
+	if (time_before(jiffies, READ_ONCE(odp->churn) +
+			msecs_to_jiffies(RXE_ODP_CHURN_MS)))
+		return RESPST_NONE;
+
+	spin_lock(&odp->fault_lock);
+	if (va < odp->failed_end && va + len > odp->failed_start) {
+		/* The fault failed: fault here, and report what it says. */
+		odp->failed_start = 0;
+		odp->failed_end = 0;
+		sync = true;
+	} else if (va == odp->rnr_va) {
+		/*
+		 * Answered RNR once already and still absent: the fault is
+		 * slow, or the pages were invalidated again. Fault in place,
+		 * under the umem lock, so the access surely makes progress.
+		 */
+		odp->rnr_va = U64_MAX;
+		sync = true;
+	} else if (odp->faults_queued >= RXE_ODP_MAX_FAULT_WORK) {
+		odp->rnr_va = va;
+		spin_unlock(&odp->fault_lock);
+		return RESPST_ERR_RNR;	/* enough in flight; retried later */
+	} else {
+		odp->rnr_va = va;
+		odp->faults_queued++;
+	}
+	spin_unlock(&odp->fault_lock);
+	if (sync)
+		return RESPST_NONE;
+
+	rxe_odp_count(mr, RXE_ODP_PAGE_FAULTS,
+		      (ALIGN(va + len, PAGE_SIZE) - ALIGN_DOWN(va, PAGE_SIZE)) >>
+		      PAGE_SHIFT);
+	work = kzalloc_obj(*work, GFP_NOWAIT);
+	if (!work) {
+		spin_lock(&odp->fault_lock);
+		odp->faults_queued--;
+		spin_unlock(&odp->fault_lock);
+		return RESPST_NONE;	/* no memory: fault synchronously */
+	}
+	INIT_WORK(&work->work, rxe_odp_fault_work);
+	rxe_get(mr);
+	work->mr = mr;
+	work->iova = iova;
+	work->len = len;
+	work->write = write;
+	queue_work(rxe_wq, &work->work);
+	return RESPST_ERR_RNR;
 }

@@ -112,6 +112,8 @@ static bool rxe_odp_invalidate(struct mmu_interval_notifier *mni,
 		rxe_odp_count(mr, RXE_ODP_PAGE_INVALIDATIONS,
 			      (end - start) >> PAGE_SHIFT);
 		rxe_odp_count(mr, RXE_ODP_PAGE_INVALIDATIONS_HANDLED, mapped);
+		if (mapped)
+			WRITE_ONCE(mr->odp->churn, jiffies);
 		/* A child whose memory is unmapped may be empty now. */
 		if (umem_odp != to_ib_umem_odp(mr->umem) &&
 		    range->event == MMU_NOTIFY_UNMAP) {
@@ -238,13 +240,24 @@ int rxe_odp_mr_init_user(struct rxe_dev *rxe, u64 start, u64 length,
 	init_rwsem(&odp->children_sem);
 	xa_init(&odp->children);
 	INIT_WORK(&odp->reap_work, rxe_odp_reap_children);
+	spin_lock_init(&odp->fault_lock);
+	odp->rnr_va = U64_MAX;
+	odp->churn = jiffies - msecs_to_jiffies(RXE_ODP_CHURN_MS);
 
+	/*
+	 * The page list is per PAGE_SIZE page whatever the memory, so huge
+	 * pages need no page size of their own: IB_ACCESS_HUGETLB is
+	 * accepted, and the umem is made without it. (With it, the core
+	 * refuses a fault on small pages after having filled them in.)
+	 */
 	if (implicit)
 		umem_odp = ib_umem_odp_alloc_implicit(&rxe->ib_dev,
-						      access_flags);
+						      access_flags &
+						      ~IB_ACCESS_HUGETLB);
 	else
 		umem_odp = ib_umem_odp_get(&rxe->ib_dev, start, length,
-					   access_flags, &rxe_mn_ops);
+					   access_flags & ~IB_ACCESS_HUGETLB,
+					   &rxe_mn_ops);
 	if (IS_ERR(umem_odp)) {
 		kfree(odp);
 		rxe_dbg_mr(mr, "no ODP umem: %pe\n", umem_odp);
