@@ -524,7 +524,7 @@ enum resp_states rxe_odp_resp_check(struct rxe_qp *qp, struct rxe_mr *mr,
 	struct rxe_odp_mr *odp = mr->odp;
 	u64 va = rxe_odp_va(mr, iova);
 	struct rxe_odp_fault_work *work;
-	bool sync = false;
+	bool sync = false, queue = false;
 
 	if (!len || rxe_odp_all_present(mr, va, len, write))
 		return RESPST_NONE;
@@ -551,17 +551,18 @@ enum resp_states rxe_odp_resp_check(struct rxe_qp *qp, struct rxe_mr *mr,
 		 */
 		odp->rnr_va = U64_MAX;
 		sync = true;
-	} else if (odp->faults_queued >= RXE_ODP_MAX_FAULT_WORK) {
-		odp->rnr_va = va;
-		spin_unlock(&odp->fault_lock);
-		return RESPST_ERR_RNR;	/* enough in flight; retried later */
 	} else {
 		odp->rnr_va = va;
-		odp->faults_queued++;
+		/* With enough in flight, the retry may find it done. */
+		queue = odp->faults_queued < RXE_ODP_MAX_FAULT_WORK;
+		if (queue)
+			odp->faults_queued++;
 	}
 	spin_unlock(&odp->fault_lock);
 	if (sync)
 		return RESPST_NONE;
+	if (!queue)
+		return RESPST_ERR_RNR;
 
 	rxe_odp_count(mr, RXE_ODP_PAGE_FAULTS,
 		      (ALIGN(va + len, PAGE_SIZE) - ALIGN_DOWN(va, PAGE_SIZE)) >>
