@@ -2,6 +2,7 @@
 // odpwatch: one command-line tool, with subcommands.
 #include "cli.hpp"
 #include "memwatch_bench.hpp"
+#include "odp_bench.hpp"
 #include "verbs.hpp"
 
 #include <cerrno>
@@ -22,7 +23,9 @@ void usage(FILE *f)
 			"  caps   the device's On-Demand Paging capabilities\n"
 			"  demo   the registration-cache problem, shown with RDMA traffic\n"
 			"  bench memwatch [--quick] [--reps N] [--csv FILE] [--no-uffd]\n"
-			"         memwatch against a userfaultfd monitor and a munmap hook\n");
+			"         memwatch against a userfaultfd monitor and a munmap hook\n"
+			"  bench odp [--quick] [--reps N] [--csv FILE]\n"
+			"         ODP against pinned memory: registration, bandwidth\n");
 }
 
 int caps(const cli::Options &opt)
@@ -35,30 +38,38 @@ int caps(const cli::Options &opt)
 	return 0;
 }
 
-int run_bench(int argc, char **argv)
+// odpwatch bench memwatch|odp [--quick] [--reps N] [--csv FILE] [--no-uffd]
+int run_bench(const cli::Options &opt, int argc, char **argv)
 {
-	if (argc < 1 || std::string_view(argv[0]) != "memwatch") {
-		std::fprintf(stderr, "odpwatch bench: say what to measure: memwatch\n");
+	std::string_view what = argc >= 1 ? argv[0] : "";
+	if (what != "memwatch" && what != "odp") {
+		std::fprintf(stderr, "odpwatch bench: say what to measure: memwatch or odp\n");
 		return 2;
 	}
-	bench::MemwatchBenchOptions o;
+	bool quick = false, uffd = true;
+	unsigned reps = 0;
+	std::string csv;
 	for (int i = 1; i < argc; i++) {
 		std::string_view a = argv[i];
 		if (a == "--quick") {
-			o.quick = true;
-			o.reps = 3;
-		} else if (a == "--no-uffd") {
-			o.uffd = false;
+			quick = true;
+		} else if (a == "--no-uffd" && what == "memwatch") {
+			uffd = false;
 		} else if (a == "--reps" && i + 1 < argc && std::atoi(argv[i + 1]) > 0) {
-			o.reps = static_cast<unsigned>(std::atoi(argv[++i]));
+			reps = static_cast<unsigned>(std::atoi(argv[++i]));
 		} else if (a == "--csv" && i + 1 < argc) {
-			o.csv = argv[++i];
+			csv = argv[++i];
 		} else {
-			std::fprintf(stderr, "odpwatch bench memwatch: bad argument %s\n", argv[i]);
+			std::fprintf(stderr, "odpwatch bench %s: bad argument %s\n", argv[0],
+				     argv[i]);
 			return 2;
 		}
 	}
-	return bench::memwatch_bench(o);
+	if (!reps)
+		reps = quick ? 3 : 5;
+	if (what == "odp")
+		return bench::odp_bench({opt.device, quick, reps, csv});
+	return bench::memwatch_bench({quick, uffd, reps, csv});
 }
 
 } // namespace
@@ -91,7 +102,7 @@ int main(int argc, char **argv)
 		if (cmd == "demo")
 			return cli::demo(opt);
 		if (cmd == "bench")
-			return run_bench(argc - i - 1, argv + i + 1);
+			return run_bench(opt, argc - i - 1, argv + i + 1);
 	} catch (const verbs::Error &e) {
 		std::fprintf(stderr, "odpwatch %s: %s\n", argv[i], e.what());
 		if (e.err() == ENOSYS)

@@ -179,21 +179,21 @@ LoopbackQp::LoopbackQp(ibv_context *ctx, ibv_pd *pd)
 		throw Error("ibv_modify_qp(RTS)", rc);
 }
 
-ibv_wc_status LoopbackQp::rdma_write(const ibv_mr *src, const void *src_addr, size_t len,
-				     const ibv_mr *dst, const void *dst_addr,
-				     std::chrono::milliseconds timeout)
+ibv_wc_status LoopbackQp::rdma(ibv_wr_opcode op, const ibv_mr *local, const void *local_addr,
+			       size_t len, const ibv_mr *remote, const void *remote_addr,
+			       std::chrono::milliseconds timeout)
 {
-	ibv_sge sge{.addr = reinterpret_cast<uintptr_t>(src_addr),
+	ibv_sge sge{.addr = reinterpret_cast<uintptr_t>(local_addr),
 		    .length = static_cast<uint32_t>(len),
-		    .lkey = src->lkey};
+		    .lkey = local->lkey};
 	ibv_send_wr wr{};
 	wr.wr_id = 1;
 	wr.sg_list = &sge;
 	wr.num_sge = 1;
-	wr.opcode = IBV_WR_RDMA_WRITE;
+	wr.opcode = op;
 	wr.send_flags = IBV_SEND_SIGNALED;
-	wr.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(dst_addr);
-	wr.wr.rdma.rkey = dst->rkey;
+	wr.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(remote_addr);
+	wr.wr.rdma.rkey = remote->rkey;
 	ibv_send_wr *bad = nullptr;
 	if (int rc = ibv_post_send(qp_.get(), &wr, &bad))
 		throw Error("ibv_post_send", rc);
@@ -207,7 +207,7 @@ ibv_wc_status LoopbackQp::rdma_write(const ibv_mr *src, const void *src_addr, si
 		if (n == 1)
 			return wc.status;
 		if (std::chrono::steady_clock::now() > deadline)
-			throw Error("RDMA WRITE completion", ETIMEDOUT);
+			throw Error("RDMA completion", ETIMEDOUT);
 		std::this_thread::sleep_for(std::chrono::microseconds(50));
 	}
 }

@@ -76,10 +76,16 @@ class LoopbackQp
 public:
 	LoopbackQp(ibv_context *ctx, ibv_pd *pd);
 	int gid_index() const noexcept { return gid_index_; }
-	// Post one signaled RDMA WRITE and wait for its completion.
+	// Post one signaled RDMA WRITE or READ between a local and a "remote"
+	// buffer and wait for its completion.
+	ibv_wc_status rdma(ibv_wr_opcode op, const ibv_mr *local, const void *local_addr,
+			   size_t len, const ibv_mr *remote, const void *remote_addr,
+			   std::chrono::milliseconds timeout = std::chrono::seconds(30));
 	ibv_wc_status rdma_write(const ibv_mr *src, const void *src_addr, size_t len,
-				 const ibv_mr *dst, const void *dst_addr,
-				 std::chrono::milliseconds timeout = std::chrono::seconds(30));
+				 const ibv_mr *dst, const void *dst_addr)
+	{
+		return rdma(IBV_WR_RDMA_WRITE, src, src_addr, len, dst, dst_addr);
+	}
 
 private:
 	Cq cq_;

@@ -15,6 +15,11 @@
 #include "rxe.h"
 #include "rxe_odp.h"
 
+static unsigned int odp_fault_around_kb = RXE_ODP_FAULT_AROUND / SZ_1K;
+module_param(odp_fault_around_kb, uint, 0644);
+MODULE_PARM_DESC(odp_fault_around_kb,
+		 "KiB from an ODP responder fault's address mapped with it (default 4096; 0: the access only)");
+
 /* Pages of [va, va + len) in @umem_odp not mapped (writable if @write). */
 static u64 rxe_odp_absent(struct ib_umem_odp *umem_odp, u64 va, u64 len,
 			  bool write)
@@ -485,7 +490,8 @@ static void rxe_odp_fault_work(struct work_struct *w)
 		container_of(w, struct rxe_odp_fault_work, work);
 	struct rxe_mr *mr = work->mr;
 	struct rxe_odp_mr *odp = mr->odp;
-	u64 around = RXE_ODP_FAULT_AROUND - min(work->len, RXE_ODP_FAULT_AROUND);
+	u64 window = (u64)READ_ONCE(odp_fault_around_kb) * SZ_1K;
+	u64 around = window - min_t(u64, work->len, window);
 	u64 va = rxe_odp_va(mr, work->iova);
 	int err;
 

@@ -1,0 +1,203 @@
+// SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
+// On-Demand Paging against pinned memory on one device: registration cost by
+// size, and RDMA WRITE/READ bandwidth into ODP memory on first touch (with and
+// without the responder's fault-around) and in steady state.
+#include "odp_bench.hpp"
+#include "report.hpp"
+#include "verbs.hpp"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace odpwatch::bench
+{
+namespace
+{
+
+constexpr unsigned kOdp = IBV_ACCESS_ON_DEMAND;
+constexpr unsigned kRemote =
+	IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+
+std::string size_name(size_t n)
+{
+	if (n >= (1UL << 30))
+		return std::to_string(n >> 30) + " GiB";
+	if (n >= (1UL << 20))
+		return std::to_string(n >> 20) + " MiB";
+	return std::to_string(n >> 10) + " KiB";
+}
+
+// The rxe module parameter for the responder's fault-around window, set for
+// the lifetime of this object and restored after.
+class FaultAround
+{
+public:
+	static constexpr const char *kPath = "/sys/module/rdma_rxe/parameters/odp_fault_around_kb";
+	explicit FaultAround(unsigned kb)
+	{
+		std::ifstream in(kPath);
+		if (!(in >> saved_))
+			throw verbs::Error(std::string("read ") + kPath, ENOENT);
+		set(kb);
+	}
+	FaultAround(const FaultAround &) = delete;
+	FaultAround &operator=(const FaultAround &) = delete;
+	~FaultAround() { set(saved_); }
+
+private:
+	static void set(unsigned kb)
+	{
+		std::ofstream out(kPath);
+		if (!(out << kb << '\n'))
+			throw verbs::Error(std::string("write ") + kPath, EACCES);
+	}
+	unsigned saved_ = 0;
+};
+
+void touch(const verbs::Mapping &m)
+{
+	std::memset(m.data(), 0x5a, m.size());
+}
+
+void bench_registration(Report &rep, const OdpBenchOptions &o, ibv_pd *pd)
+{
+	const std::string g = "registration + deregistration";
+	std::vector<size_t> sizes = {4UL << 10, 1UL << 20, 64UL << 20};
+	if (!o.quick) {
+		sizes.insert(sizes.begin() + 1, 64UL << 10);
+		sizes.push_back(1UL << 30);
+	}
+	for (size_t n : sizes) {
+		verbs::Mapping m(n);
+		touch(m); // registration only: no first-touch faults in the figure
+		std::string w = size_name(n);
+		rep.add({g, w, "pinned",
+			 measure(o.reps, 1, [&] { verbs::reg_mr(pd, m.data(), n, kRemote); }),
+			 "pinned/" + w, "pins and maps every page"});
+		rep.add({g, w, "explicit ODP",
+			 measure(o.reps, 1,
+				 [&] { verbs::reg_mr(pd, m.data(), n, kRemote | kOdp); }),
+			 "pinned/" + w, "maps what is present, pins nothing"});
+		rep.add({g, w, "implicit ODP",
+			 measure(o.reps, 1,
+				 [&] { verbs::reg_mr(pd, nullptr, SIZE_MAX, kRemote | kOdp); }),
+			 "pinned/" + w, "one MR for the address space, any size"});
+	}
+}
+
+// Bytes moved per rep and per message in the bandwidth rows.
+struct Traffic {
+	size_t total, msg;
+};
+
+// RDMA @op of traffic.total bytes, msg by msg, between @local and @remote.
+void move(verbs::LoopbackQp &qp, ibv_wr_opcode op, const ibv_mr *local, const verbs::Mapping &lbuf,
+	  const ibv_mr *remote, const verbs::Mapping &rbuf, Traffic t)
+{
+	for (size_t off = 0; off < t.total; off += t.msg) {
+		ibv_wc_status st = qp.rdma(op, local, lbuf.data() + off, t.msg, remote,
+					   rbuf.data() + off, std::chrono::minutes(10));
+		if (st != IBV_WC_SUCCESS)
+			throw verbs::Error(std::string("RDMA: ") + ibv_wc_status_str(st), EIO);
+	}
+}
+
+void bench_bandwidth(Report &rep, const OdpBenchOptions &o, ibv_context *ctx, ibv_pd *pd)
+{
+	const Traffic t{o.quick ? 16UL << 20 : 64UL << 20, 1UL << 20};
+	const double mib = double(t.total >> 20);
+	verbs::LoopbackQp qp(ctx, pd);
+	verbs::Mapping lbuf(t.total);
+	touch(lbuf);
+	verbs::Mr local = verbs::reg_mr(pd, lbuf.data(), t.total, kRemote);
+
+	for (auto [op, name] : {std::pair{IBV_WR_RDMA_WRITE, "RDMA WRITE"},
+				std::pair{IBV_WR_RDMA_READ, "RDMA READ"}}) {
+		const std::string g = std::string(name) + " into the responder's memory, " +
+				      size_name(t.msg) + " messages";
+		const std::string w = size_name(t.total) + " per rep", base = "pinned/" + w;
+		{
+			verbs::Mapping r(t.total);
+			touch(r);
+			verbs::Mr mr = verbs::reg_mr(pd, r.data(), t.total, kRemote);
+			rep.add({g, w, "pinned",
+				 measure(o.reps, mib,
+					 [&] { move(qp, op, local.get(), lbuf, mr.get(), r, t); }),
+				 base, "ns per MiB"});
+		}
+		{
+			verbs::Mapping r(t.total);
+			touch(r);
+			verbs::Mr mr = verbs::reg_mr(pd, r.data(), t.total, kRemote | kOdp);
+			move(qp, op, local.get(), lbuf, mr.get(), r, t); // all present now
+			rep.add({g, w, "ODP steady state",
+				 measure(o.reps, mib,
+					 [&] { move(qp, op, local.get(), lbuf, mr.get(), r, t); }),
+				 base, "pages present"});
+		}
+		{
+			verbs::Mr mr = verbs::reg_mr(pd, nullptr, SIZE_MAX, kRemote | kOdp);
+			verbs::Mapping r(t.total);
+			touch(r);
+			move(qp, op, local.get(), lbuf, mr.get(), r, t);
+			rep.add({g, w, "implicit ODP steady state",
+				 measure(o.reps, mib,
+					 [&] { move(qp, op, local.get(), lbuf, mr.get(), r, t); }),
+				 base, "pages present"});
+		}
+		// First touch: a fresh, never-touched mapping for every rep.
+		for (unsigned kb : {4096u, 0u}) {
+			FaultAround fa(kb);
+			std::vector<double> samples;
+			for (unsigned i = 0; i <= o.reps; i++) {
+				verbs::Mapping r(t.total);
+				verbs::Mr mr = verbs::reg_mr(pd, r.data(), t.total, kRemote | kOdp);
+				auto t0 = std::chrono::steady_clock::now();
+				move(qp, op, local.get(), lbuf, mr.get(), r, t);
+				auto t1 = std::chrono::steady_clock::now();
+				if (i) // the first is the warm-up
+					samples.push_back(
+						std::chrono::duration<double, std::nano>(t1 - t0)
+							.count() /
+						mib);
+			}
+			rep.add({g, w,
+				 kb ? "ODP first touch, fault-around 4 MiB"
+				    : "ODP first touch, no fault-around",
+				 spread_of(samples), base, "every page faulted"});
+		}
+	}
+}
+
+} // namespace
+
+int odp_bench(const OdpBenchOptions &o)
+{
+	verbs::Context ctx = verbs::open_device(o.device);
+	verbs::Pd pd = verbs::alloc_pd(ctx.get());
+	Report rep("On-Demand Paging against pinned memory on " +
+		   std::string(ibv_get_device_name(ctx->device)));
+	std::fprintf(stderr, "bench odp: %u repetitions per row%s\n", o.reps,
+		     o.quick ? " (quick)" : "");
+	auto t0 = std::chrono::steady_clock::now();
+	std::fprintf(stderr, "bench odp: registration ...");
+	bench_registration(rep, o, pd.get());
+	std::fprintf(stderr, " %.1f s\nbench odp: bandwidth ...",
+		     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+	t0 = std::chrono::steady_clock::now();
+	bench_bandwidth(rep, o, ctx.get(), pd.get());
+	std::fprintf(stderr, " %.1f s\n",
+		     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+	rep.print_markdown();
+	if (!o.csv.empty())
+		rep.write_csv(o.csv);
+	return 0;
+}
+
+} // namespace odpwatch::bench
