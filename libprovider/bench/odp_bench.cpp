@@ -8,11 +8,14 @@
 
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace odpwatch::bench
@@ -175,6 +178,68 @@ void bench_bandwidth(Report &rep, const OdpBenchOptions &o, ibv_context *ctx, ib
 	}
 }
 
+// A QP whose peer keeps faulting must not hold up another QP of the device:
+// 4 KiB pinned writes on one QP, alone and while a second QP writes 1 MiB
+// messages into never-touched ODP memory with no fault-around.
+void bench_isolation(Report &rep, const OdpBenchOptions &o, ibv_context *ctx, ibv_pd *pd)
+{
+	const std::string g = "4 KiB pinned RDMA WRITE on one QP", w = "500 writes";
+	const size_t small = 4096, n = 500;
+	verbs::LoopbackQp qp(ctx, pd);
+	verbs::Mapping a(small), b(small);
+	touch(a);
+	touch(b);
+	verbs::Mr ma = verbs::reg_mr(pd, a.data(), small, kRemote);
+	verbs::Mr mb = verbs::reg_mr(pd, b.data(), small, kRemote);
+	auto writes = [&] {
+		for (size_t i = 0; i < n; i++)
+			if (qp.rdma(IBV_WR_RDMA_WRITE, ma.get(), a.data(), small, mb.get(),
+				    b.data()) != IBV_WC_SUCCESS)
+				throw verbs::Error("RDMA WRITE on the quiet QP", EIO);
+	};
+	rep.add({g, w, "alone", measure(o.reps, double(n), writes), "alone/" + w, "ns per write"});
+
+	FaultAround fa(0);
+	std::atomic<bool> stop{false};
+	std::atomic<size_t> faulting_mib{0};
+	std::exception_ptr noisy_error;
+	std::thread noisy([&] {
+		try {
+			verbs::LoopbackQp qp2(ctx, pd);
+			const size_t len = 8UL << 20;
+			verbs::Mapping src(len);
+			touch(src);
+			verbs::Mr msrc = verbs::reg_mr(pd, src.data(), len, kRemote);
+			while (!stop) {
+				verbs::Mapping dst(len); // never touched: every page faults
+				verbs::Mr mdst = verbs::reg_mr(pd, dst.data(), len, kRemote | kOdp);
+				for (size_t off = 0; off < len && !stop; off += 1UL << 20) {
+					qp2.rdma(IBV_WR_RDMA_WRITE, msrc.get(), src.data() + off,
+						 1UL << 20, mdst.get(), dst.data() + off,
+						 std::chrono::minutes(10));
+					faulting_mib++;
+				}
+			}
+		} catch (...) {
+			noisy_error = std::current_exception();
+		}
+	});
+	Spread busy;
+	try {
+		busy = measure(o.reps, double(n), writes);
+	} catch (...) {
+		stop = true;
+		noisy.join();
+		throw;
+	}
+	stop = true;
+	noisy.join();
+	if (noisy_error)
+		std::rethrow_exception(noisy_error);
+	rep.add({g, w, "beside a faulting QP", busy, "alone/" + w,
+		 std::to_string(faulting_mib.load()) + " MiB faulted in meanwhile"});
+}
+
 } // namespace
 
 int odp_bench(const OdpBenchOptions &o)
@@ -192,6 +257,10 @@ int odp_bench(const OdpBenchOptions &o)
 		     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 	t0 = std::chrono::steady_clock::now();
 	bench_bandwidth(rep, o, ctx.get(), pd.get());
+	std::fprintf(stderr, " %.1f s\nbench odp: isolation ...",
+		     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+	t0 = std::chrono::steady_clock::now();
+	bench_isolation(rep, o, ctx.get(), pd.get());
 	std::fprintf(stderr, " %.1f s\n",
 		     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 	rep.print_markdown();

@@ -518,6 +518,18 @@ static void rxe_odp_fault_work(struct work_struct *w)
 }
 
 /*
+ * Answer RNR. The packets the requester sent behind this one arrive out of
+ * sequence: drop them quietly, as after a sequence-error NAK, instead of
+ * NAKing them too (each such NAK would cost the requester a retry from
+ * retry_cnt, besides the RNR retry). The retried packet clears this.
+ */
+static enum resp_states rxe_odp_rnr(struct rxe_qp *qp)
+{
+	qp->resp.sent_psn_nak = 1;
+	return RESPST_ERR_RNR;
+}
+
+/*
  * The responder's check before it touches an ODP MR through an rkey. If a
  * page of [iova, iova + len) is absent, the fault is queued and the request
  * answered with an RNR NAK: the QP's task never sleeps on a page fault of a
@@ -568,7 +580,7 @@ enum resp_states rxe_odp_resp_check(struct rxe_qp *qp, struct rxe_mr *mr,
 	if (sync)
 		return RESPST_NONE;
 	if (!queue)
-		return RESPST_ERR_RNR;
+		return rxe_odp_rnr(qp);
 
 	rxe_odp_count(mr, RXE_ODP_PAGE_FAULTS,
 		      (ALIGN(va + len, PAGE_SIZE) - ALIGN_DOWN(va, PAGE_SIZE)) >>
@@ -587,5 +599,5 @@ enum resp_states rxe_odp_resp_check(struct rxe_qp *qp, struct rxe_mr *mr,
 	work->len = len;
 	work->write = write;
 	queue_work(rxe_wq, &work->work);
-	return RESPST_ERR_RNR;
+	return rxe_odp_rnr(qp);
 }
