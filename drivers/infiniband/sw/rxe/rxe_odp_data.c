@@ -91,38 +91,75 @@ static int rxe_odp_each_page(struct ib_umem_odp *umem_odp, u64 va, u64 len,
 	return 0;
 }
 
-/* Apply @fn to [iova, iova + len) of @mr, with every page present. */
-static int rxe_odp_walk(struct rxe_mr *mr, u64 iova, u64 len, bool write,
-			rxe_odp_page_fn fn, void *arg)
+/* A stretch of an access that lies in one umem. */
+struct rxe_odp_chunk {
+	struct ib_umem_odp *umem_odp;
+	u64 va;
+	u64 len;
+};
+
+typedef int (*rxe_odp_chunk_fn)(struct rxe_mr *mr,
+				const struct rxe_odp_chunk *c, void *arg);
+
+/*
+ * Split [iova, iova + len) of @mr where its umems end (the children of an
+ * implicit MR, created as needed) and apply @fn to each piece, with the
+ * children held.
+ */
+static int rxe_odp_by_chunk(struct rxe_mr *mr, u64 iova, u64 len,
+			    rxe_odp_chunk_fn fn, void *arg)
 {
 	bool implicit = rxe_odp_is_implicit(mr);
-	u64 va = rxe_odp_va(mr, iova);
+	struct rxe_odp_chunk c = { .va = rxe_odp_va(mr, iova) };
 	int err = 0;
 
 	if (implicit)
 		down_read(&mr->odp->children_sem);
 	while (len) {
-		struct ib_umem_odp *umem_odp = rxe_odp_umem_at(mr, va);
-		u64 chunk;
-
-		if (IS_ERR(umem_odp)) {
-			err = PTR_ERR(umem_odp);
+		c.umem_odp = rxe_odp_umem_at(mr, c.va);
+		if (IS_ERR(c.umem_odp)) {
+			err = PTR_ERR(c.umem_odp);
 			break;
 		}
-		chunk = min(len, ib_umem_end(umem_odp) - va);
-		err = rxe_odp_map_and_lock(mr, umem_odp, va, chunk, write);
+		c.len = min(len, ib_umem_end(c.umem_odp) - c.va);
+		err = fn(mr, &c, arg);
 		if (err)
 			break;
-		err = rxe_odp_each_page(umem_odp, va, chunk, fn, arg);
-		mutex_unlock(&umem_odp->umem_mutex);
-		if (err)
-			break;
-		va += chunk;
-		len -= chunk;
+		c.va += c.len;
+		len -= c.len;
 	}
 	if (implicit)
 		up_read(&mr->odp->children_sem);
 	return err;
+}
+
+struct rxe_odp_walk {
+	bool write;
+	rxe_odp_page_fn fn;
+	void *arg;
+};
+
+static int rxe_odp_walk_chunk(struct rxe_mr *mr, const struct rxe_odp_chunk *c,
+			      void *arg)
+{
+	struct rxe_odp_walk *w = arg;
+	int err;
+
+	err = rxe_odp_map_and_lock(mr, c->umem_odp, c->va, c->len, w->write);
+	if (err)
+		return err;
+	err = rxe_odp_each_page(c->umem_odp, c->va, c->len, w->fn, w->arg);
+	mutex_unlock(&c->umem_odp->umem_mutex);
+	return err;
+}
+
+/* Apply @fn to [iova, iova + len) of @mr, with every page present. */
+static int rxe_odp_walk(struct rxe_mr *mr, u64 iova, u64 len, bool write,
+			rxe_odp_page_fn fn, void *arg)
+{
+	struct rxe_odp_walk w = { .write = write, .fn = fn, .arg = arg };
+
+	return rxe_odp_by_chunk(mr, iova, len, rxe_odp_walk_chunk, &w);
 }
 
 struct rxe_odp_copy {
@@ -254,6 +291,30 @@ int rxe_odp_flush_pmem_iova(struct rxe_mr *mr, u64 iova, unsigned int length)
 	return rxe_odp_walk(mr, iova, length, false, rxe_odp_flush_page, NULL);
 }
 
+struct rxe_odp_map {
+	bool write;
+	bool fault;
+	enum rxe_odp_counter counter;
+};
+
+static int rxe_odp_map_chunk(struct rxe_mr *mr, const struct rxe_odp_chunk *c,
+			     void *arg)
+{
+	struct rxe_odp_map *m = arg;
+	int np;
+
+	np = ib_umem_odp_map_dma_and_lock(c->umem_odp, c->va, c->len,
+					  m->write ? HMM_PFN_WRITE : 0,
+					  m->fault);
+	if (np < 0)
+		return np;
+	mutex_unlock(&c->umem_odp->umem_mutex);
+	rxe_odp_count(mr, m->counter,
+		      (ALIGN(c->va + c->len, PAGE_SIZE) -
+		       ALIGN_DOWN(c->va, PAGE_SIZE)) >> PAGE_SHIFT);
+	return 0;
+}
+
 /*
  * Map [iova, iova + len) of @mr, for a prefetch or a queued responder fault;
  * @fault: bring absent pages in (else map only what is there). The pages
@@ -262,39 +323,11 @@ int rxe_odp_flush_pmem_iova(struct rxe_mr *mr, u64 iova, unsigned int length)
 static int rxe_odp_map_range(struct rxe_mr *mr, u64 iova, u64 len, bool write,
 			     bool fault, enum rxe_odp_counter counter)
 {
-	bool implicit = rxe_odp_is_implicit(mr);
-	u64 va = rxe_odp_va(mr, iova);
-	int err = 0;
+	struct rxe_odp_map m = {
+		.write = write, .fault = fault, .counter = counter,
+	};
 
-	if (implicit)
-		down_read(&mr->odp->children_sem);
-	while (len) {
-		struct ib_umem_odp *umem_odp = rxe_odp_umem_at(mr, va);
-		u64 chunk;
-		int np;
-
-		if (IS_ERR(umem_odp)) {
-			err = PTR_ERR(umem_odp);
-			break;
-		}
-		chunk = min(len, ib_umem_end(umem_odp) - va);
-		np = ib_umem_odp_map_dma_and_lock(umem_odp, va, chunk,
-						  write ? HMM_PFN_WRITE : 0,
-						  fault);
-		if (np < 0) {
-			err = np;
-			break;
-		}
-		mutex_unlock(&umem_odp->umem_mutex);
-		rxe_odp_count(mr, counter,
-			      (ALIGN(va + chunk, PAGE_SIZE) -
-			       ALIGN_DOWN(va, PAGE_SIZE)) >> PAGE_SHIFT);
-		va += chunk;
-		len -= chunk;
-	}
-	if (implicit)
-		up_read(&mr->odp->children_sem);
-	return err;
+	return rxe_odp_by_chunk(mr, iova, len, rxe_odp_map_chunk, &m);
 }
 
 /*
