@@ -12,6 +12,7 @@
 #include <infiniband/verbs.h>
 
 #include "../kselftest_harness.h"
+#include "rxe_odp_util.h"
 
 #define BUF_SIZE (1024 * 1024UL)
 
@@ -22,22 +23,9 @@ FIXTURE(rxe)
 	struct ibv_device_attr_ex attr;
 };
 
-static struct ibv_context *open_device(const char *name)
-{
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	struct ibv_context *ctx = NULL;
-	int i;
-
-	for (i = 0; list && list[i]; i++)
-		if (!strcmp(ibv_get_device_name(list[i]), name))
-			ctx = ibv_open_device(list[i]);
-	ibv_free_device_list(list);
-	return ctx;
-}
-
 FIXTURE_SETUP(rxe)
 {
-	const char *name = getenv("RDMA_DEV") ? getenv("RDMA_DEV") : "rxe0";
+	const char *name = rdma_dev_name();
 
 	self->ctx = open_device(name);
 	ASSERT_NE(NULL, self->ctx) TH_LOG("no RDMA device %s", name);

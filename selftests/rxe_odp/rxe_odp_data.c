@@ -22,23 +22,11 @@
 #include <rdma/ib_user_ioctl_cmds.h>
 
 #include "../kselftest_harness.h"
+#include "rxe_odp_util.h"
 
 #define LEN		(64 * 1024UL)
 #define IOVA		0x5000000000ULL	/* far from any address we map */
 #define CHILD_SIZE	(128UL << 20)	/* rxe's implicit ODP child */
-
-static struct ibv_context *open_device(const char *name)
-{
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	struct ibv_context *ctx = NULL;
-	int i;
-
-	for (i = 0; list && list[i]; i++)
-		if (!strcmp(ibv_get_device_name(list[i]), name))
-			ctx = ibv_open_device(list[i]);
-	ibv_free_device_list(list);
-	return ctx;
-}
 
 /* The first RoCE v2 GID with an IPv4-mapped address, or -1. */
 static int roce_v2_ipv4_gid(struct ibv_context *ctx, union ibv_gid *gid)
@@ -123,7 +111,7 @@ static int connect_qp(struct ibv_context *ctx, struct ibv_qp *qp,
 
 FIXTURE_SETUP(odp)
 {
-	const char *name = getenv("RDMA_DEV") ? getenv("RDMA_DEV") : "rxe0";
+	const char *name = rdma_dev_name();
 	struct ibv_qp_init_attr init = {
 		.qp_type = IBV_QPT_RC,
 		.cap = { .max_send_wr = 4, .max_recv_wr = 4,
@@ -411,7 +399,7 @@ static int advise_mr(struct ibv_pd *pd, uint32_t advice, uint32_t flags,
 /* A port hw counter; the core caches them for 10 ms: wait that out first. */
 static uint64_t hw_counter(const char *name)
 {
-	const char *dev = getenv("RDMA_DEV") ? getenv("RDMA_DEV") : "rxe0";
+	const char *dev = rdma_dev_name();
 	unsigned long long v = 0;
 	char path[256];
 	FILE *f;
