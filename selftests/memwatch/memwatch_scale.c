@@ -22,10 +22,7 @@
 #include <linux/memwatch.h>
 
 #include "../kselftest_harness.h"
-
-#ifndef __NR_memwatch_create
-#define __NR_memwatch_create 473
-#endif
+#include "memwatch_util.h"
 
 static double now(void)
 {
@@ -120,7 +117,7 @@ TEST(many_watches)
 	area = mmap(NULL, (n + 1) * page, PROT_READ | PROT_WRITE,
 		    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	ASSERT_NE(MAP_FAILED, area);
-	fd = syscall(__NR_memwatch_create, MEMWATCH_CLOEXEC | MEMWATCH_NONBLOCK);
+	fd = memwatch_create(MEMWATCH_CLOEXEC | MEMWATCH_NONBLOCK);
 	ASSERT_LE(0, fd);
 	words_len = page * (1 + ((n + 1) * 8 + page - 1) / page);
 	words = mmap(NULL, words_len, PROT_READ, MAP_SHARED, fd, 0);

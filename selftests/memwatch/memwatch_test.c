@@ -27,17 +27,9 @@
 #include <linux/memwatch.h>
 
 #include "../kselftest_harness.h"
-
-#ifndef __NR_memwatch_create
-#define __NR_memwatch_create 473
-#endif
+#include "memwatch_util.h"
 
 #define SLOT_PAGES 16
-
-static int memwatch_create(unsigned int flags)
-{
-	return syscall(__NR_memwatch_create, flags);
-}
 
 /*
  * Run after execve() by the exec test (MEMWATCH_EXEC_FD set): the inherited

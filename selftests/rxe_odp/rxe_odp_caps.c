@@ -42,14 +42,6 @@ FIXTURE_TEARDOWN(rxe)
 		ibv_close_device(self->ctx);
 }
 
-static void *map_anon(size_t len)
-{
-	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-
-	return p == MAP_FAILED ? NULL : p;
-}
-
 /* rxe advertises ODP for every RC operation and for UD send/receive. */
 TEST_F(rxe, odp_caps)
 {

@@ -215,14 +215,6 @@ static int fetch_add(struct link *l, uint64_t raddr, uint32_t rkey,
 	return post_wait(l->qp, l->cq, &wr);
 }
 
-static void *map_anon(size_t len)
-{
-	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-
-	return p == MAP_FAILED ? NULL : p;
-}
-
 static void fill(void *p, size_t len, unsigned int seed)
 {
 	size_t i;

@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <infiniband/verbs.h>
 
 /* The device under test: $RDMA_DEV, default rxe0. */
@@ -25,6 +26,15 @@ static inline struct ibv_context *open_device(const char *name)
 			ctx = ibv_open_device(list[i]);
 	ibv_free_device_list(list);
 	return ctx;
+}
+
+/* Anonymous private read-write memory, never touched; NULL on failure. */
+static inline void *map_anon(size_t len)
+{
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	return p == MAP_FAILED ? NULL : p;
 }
 
 #endif /* RXE_ODP_UTIL_H */

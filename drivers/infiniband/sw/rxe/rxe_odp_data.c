@@ -20,6 +20,13 @@ module_param(odp_fault_around_kb, uint, 0644);
 MODULE_PARM_DESC(odp_fault_around_kb,
 		 "KiB from an ODP responder fault's address mapped with it (default 4096; 0: the access only)");
 
+/* PAGE_SIZE pages that [va, va + len) touches. */
+static u64 rxe_odp_npages(u64 va, u64 len)
+{
+	return (ALIGN(va + len, PAGE_SIZE) - ALIGN_DOWN(va, PAGE_SIZE)) >>
+	       PAGE_SHIFT;
+}
+
 /* Pages of [va, va + len) in @umem_odp not mapped (writable if @write). */
 static u64 rxe_odp_absent(struct ib_umem_odp *umem_odp, u64 va, u64 len,
 			  bool write)
@@ -309,9 +316,7 @@ static int rxe_odp_map_chunk(struct rxe_mr *mr, const struct rxe_odp_chunk *c,
 	if (np < 0)
 		return np;
 	mutex_unlock(&c->umem_odp->umem_mutex);
-	rxe_odp_count(mr, m->counter,
-		      (ALIGN(c->va + c->len, PAGE_SIZE) -
-		       ALIGN_DOWN(c->va, PAGE_SIZE)) >> PAGE_SHIFT);
+	rxe_odp_count(mr, m->counter, rxe_odp_npages(c->va, c->len));
 	return 0;
 }
 
@@ -615,9 +620,7 @@ enum resp_states rxe_odp_resp_check(struct rxe_qp *qp, struct rxe_mr *mr,
 	if (!queue)
 		return rxe_odp_rnr(qp);
 
-	rxe_odp_count(mr, RXE_ODP_PAGE_FAULTS,
-		      (ALIGN(va + len, PAGE_SIZE) - ALIGN_DOWN(va, PAGE_SIZE)) >>
-		      PAGE_SHIFT);
+	rxe_odp_count(mr, RXE_ODP_PAGE_FAULTS, rxe_odp_npages(va, len));
 	work = kzalloc_obj(*work, GFP_NOWAIT);
 	if (!work) {
 		spin_lock(&odp->fault_lock);
