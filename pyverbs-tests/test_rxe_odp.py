@@ -45,6 +45,19 @@ def implicit(pd):
     mr.close()
 
 
+@pytest.fixture(params=["explicit", "implicit"])
+def odp_buffer(request, pd):
+    """A 64 KiB buffer and an ODP MR that reaches it: its own, or an implicit one."""
+    buf = mmap_anon(LEN)
+    if request.param == "implicit":
+        mr = MR(pd, 0, ODP, implicit=True)
+    else:
+        mr = MR(pd, LEN, ODP, address=buf)
+    yield mr, buf
+    mr.close()
+    munmap(buf, LEN)
+
+
 def test_implicit_advertised(ctx):
     assert ctx.query_device_ex().odp_caps.general_caps & e.IBV_ODP_SUPPORT_IMPLICIT
 
@@ -116,26 +129,19 @@ def test_hugetlb_flag_over_small_pages(pd, loopback, local):
         munmap(buf, HUGE)
 
 
-@pytest.mark.parametrize("kind", ["explicit", "implicit"])
-def test_data_follows_madvise_and_remap(pd, loopback, local, implicit, kind):
+def test_data_follows_madvise_and_remap(loopback, local, odp_buffer):
     """Each cycle changes the pages behind the buffer; RDMA READ sees the current ones."""
-    buf = mmap_anon(LEN)
-    mr = implicit if kind == "implicit" else MR(pd, LEN, ODP, address=buf)
-    try:
-        for cycle in range(6):
-            if cycle % 2:
-                madvise_dontneed(buf, LEN)          # zero-filled on next touch
-            else:
-                munmap(buf, LEN)
-                assert mmap_anon(LEN, addr=buf) == buf
-            poke(buf, pattern(LEN, 10 + cycle))
-            assert loopback.rdma(e.IBV_WR_RDMA_READ, local, local.buf, LEN,
-                                 mr, buf) == e.IBV_WC_SUCCESS
-            assert local.read(LEN, 0) == pattern(LEN, 10 + cycle), f"cycle {cycle}"
-    finally:
-        if mr is not implicit:
-            mr.close()
-        munmap(buf, LEN)
+    mr, buf = odp_buffer
+    for cycle in range(6):
+        if cycle % 2:
+            madvise_dontneed(buf, LEN)              # zero-filled on next touch
+        else:
+            munmap(buf, LEN)
+            assert mmap_anon(LEN, addr=buf) == buf
+        poke(buf, pattern(LEN, 10 + cycle))
+        assert loopback.rdma(e.IBV_WR_RDMA_READ, local, local.buf, LEN,
+                             mr, buf) == e.IBV_WC_SUCCESS
+        assert local.read(LEN, 0) == pattern(LEN, 10 + cycle), f"cycle {cycle}"
 
 
 def test_fork_cow_with_odp_mr(pd, loopback, local):
@@ -168,11 +174,9 @@ def test_fork_cow_with_odp_mr(pd, loopback, local):
         munmap(buf, LEN)
 
 
-@pytest.mark.parametrize("kind", ["explicit", "implicit"])
-def test_traffic_races_invalidation(pd, loopback, local, implicit, kind):
+def test_traffic_races_invalidation(loopback, local, odp_buffer):
     """A thread zaps the pages while RDMA WRITEs land: no error, last write wins."""
-    buf = mmap_anon(LEN)
-    mr = implicit if kind == "implicit" else MR(pd, LEN, ODP, address=buf)
+    mr, buf = odp_buffer
     stop = threading.Event()
     zaps = 0
 
@@ -192,17 +196,11 @@ def test_traffic_races_invalidation(pd, loopback, local, implicit, kind):
     finally:
         stop.set()
         t.join()
-    try:
-        assert zaps > 10, f"only {zaps} invalidations raced the writes"
-        local.write(pattern(LEN, 200), LEN)
-        assert loopback.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, LEN,
-                             mr, buf) == e.IBV_WC_SUCCESS
-        assert peek(buf, LEN) == pattern(LEN, 200)
-    finally:
-        if mr is not implicit:
-            mr.close()
-        munmap(buf, LEN)
-
+    assert zaps > 10, f"only {zaps} invalidations raced the writes"
+    local.write(pattern(LEN, 200), LEN)
+    assert loopback.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, LEN,
+                         mr, buf) == e.IBV_WC_SUCCESS
+    assert peek(buf, LEN) == pattern(LEN, 200)
 
 def hw_counter(name):
     """A port hw counter of the device; the core caches them for 10 ms."""
