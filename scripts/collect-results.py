@@ -2,8 +2,9 @@
 """Turn the raw outputs of a guest check run into out/check/results.json.
 
 Reads DIR/selftests.ktap (kselftest runner, nested KTAP), DIR/pyverbs-tests.xml
-(pytest JUnit XML), DIR/rdma-core.<module>.log (unittest -v output) and
-DIR/console.log (splats). Prints one line per suite and ends with
+(pytest JUnit XML), DIR/rdma-core.<module>.log (unittest -v output, our
+rdma-core), DIR/rdma-core-stock.<module>.log (the same with Debian's, for the
+regression comparison) and DIR/console.log (splats). Prints one line per suite and ends with
 "N passed, N failed, N skipped". Exit status 0 only when every suite ran at
 least one test, nothing failed and the console has no splat.
 """
@@ -109,6 +110,22 @@ def parse_unittest(path):
     return tests
 
 
+def compare_with_stock(ours, stock):
+    """One test per rdma-core test that passed with Debian's own rdma-core:
+    it passes when the test also passed with ours (our series must not break
+    what worked). Tests that did not pass with Debian's are not compared."""
+    mine = {t["name"]: t["outcome"] for t in ours}
+    tests = []
+    for t in stock:
+        if t["outcome"] != "passed":
+            continue
+        got = mine.get(t["name"], "not run")
+        tests.append({"name": f"{t['name']} (Debian: passed)",
+                      "outcome": "passed" if got == "passed" else "failed",
+                      **({} if got == "passed" else {"reason": f"passed with Debian's rdma-core, {got} with ours"})})
+    return tests
+
+
 def main():
     d = Path(sys.argv[1])
     results = {"suites": {}}
@@ -121,6 +138,9 @@ def main():
               "pyverbs-tests": parse_junit(d / "pyverbs-tests.xml")}
     logs = sorted(d.glob("rdma-core.*.log"))
     suites["rdma-core"] = [t for p in logs for t in parse_unittest(p)] if logs else None
+    stock_logs = sorted(d.glob("rdma-core-stock.*.log"))
+    suites["rdma-core-vs-stock"] = compare_with_stock(
+        suites["rdma-core"] or [], [t for p in stock_logs for t in parse_unittest(p)])
     ok = True
     for name, tests in suites.items():
         if not tests:

@@ -10,6 +10,8 @@ OUT=${ODPWATCH_OUT:-$TOP/out}
 # The tested base: Debian's linux-source-7.3 from trixie-backports.
 BASE_PKG=linux-source-7.3
 BASE_VERSION=${BASE_VERSION:-7.3.4-1~bpo13+1}
+# The rdma-core our series (libprovider/rdma-core/) applies to: trixie's.
+RDMA_CORE_VERSION=56.1-1
 # Guest root filesystem suite.
 GUEST_SUITE=trixie
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Style gates: checkpatch --strict over the exported kernel series (our code
 # and the commit messages), clang-format over our userspace C and C++, groff
-# warnings over the man pages.
+# warnings over the man pages, ours and those of the rdma-core series.
 . "$(dirname "$0")/lib.sh"
 
 rc=0
@@ -37,5 +37,22 @@ if [ ${#pages[@]} -gt 0 ]; then
 		log "lint: groff warns about the man pages above"
 		rc=1
 	fi
+fi
+# The rdma-core series: it applies with git am, and its man pages are clean.
+rc_src=$CACHE/rdma-core/lint
+scratch_at_base "$("$TOP/scripts/fetch-rdma-core.sh")" "$rc_src" lint
+if git -C "$rc_src" -c user.name=lint -c user.email=lint@localhost am -q "$TOP"/libprovider/rdma-core/*.patch; then
+	mapfile -t rc_pages < <(cd "$rc_src" && git diff --name-only --diff-filter=AM odpwatch-base HEAD -- '*.[0-9]')
+	if out=$(cd "$rc_src" && LC_ALL=C.UTF-8 groff -man -ww -z "${rc_pages[@]}" 2>&1) && [ -z "$out" ]; then
+		log "lint: rdma-core series applies; groff -ww clean on ${#rc_pages[@]} man pages it adds or changes"
+	else
+		printf '%s
+' "$out" >&2
+		log "lint: groff warns about the rdma-core series' man pages above"
+		rc=1
+	fi
+else
+	log "lint: the rdma-core series does not apply to rdma-core $RDMA_CORE_VERSION"
+	rc=1
 fi
 exit $rc

@@ -3,11 +3,13 @@
 # guest job; the guest powers itself off when done. A guest still running at
 # the deadline is killed with a message. The full console is always kept in
 # $OUT/JOB/console.log.
-#   run-vm.sh JOB DIR BZIMAGE ROOTFS    JOB: check, demo or vm; DIR under $OUT
+#   run-vm.sh JOB DIR BZIMAGE ROOTFS [STOCK]    JOB: check, demo or vm; DIR under $OUT
+# STOCK: a root filesystem with Debian's own rdma-core, shared read-only
+# (tag stock) so the guest can run Debian's rdma-core tests beside ours.
 # Env: TIMEOUT (seconds, default 1800), VM_MEM (default 4G).
 . "$(dirname "$0")/lib.sh"
 
-job=$1 dir=$OUT/$2 kernel=$3 rootfs=$4
+job=$1 dir=$OUT/$2 kernel=$3 rootfs=$4 stock=${5:-}
 timeout=${TIMEOUT:-1800}
 mkdir -p "$dir"
 rm -f "$dir/status" "$dir/console.log" "$dir/output"
@@ -19,6 +21,7 @@ qemu-system-x86_64 -machine pc -accel tcg,thread=multi -cpu max -smp 2 -m "${VM_
 	-serial "file:$log" -kernel "$kernel" \
 	-append "console=ttyS0 root=rootfs rootfstype=9p rootflags=trans=virtio,version=9p2000.L,msize=512000 ro init=/sbin/odpwatch-init panic=-1 odpwatch.job=$job odpwatch.dir=$2" \
 	$(share rootfs "$rootfs" ,readonly=on) $(share odpwatch "$TOP" ,readonly=on) $(share out "$OUT" "") \
+	$([ -z "$stock" ] || share stock "$stock" ,readonly=on) \
 	</dev/null >"$dir/qemu.log" 2>&1 &
 qpid=$!
 t0=$(date +%s)

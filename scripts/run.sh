@@ -21,7 +21,10 @@ if [ "$job" = check ] && [ "$variant" = std ]; then
 	"$TOP/scripts/check-series.sh" || rc=1
 	stage "lint" "$TOP/scripts/lint.sh" || rc=1
 fi
-stage "guest root filesystem" "$TOP/scripts/make-rootfs.sh" >"$OUT/.rootfs"
+stage "guest root filesystem" "$TOP/scripts/make-rootfs.sh" >"$OUT/.rootfs-stock"
+stock=$(cat "$OUT/.rootfs-stock")
+# The guest runs our rdma-core, installed over a copy of that rootfs.
+stage "rdma-core (our series)" "$TOP/scripts/build-rdma-core.sh" "$stock" >"$OUT/.rootfs"
 rootfs=$(cat "$OUT/.rootfs")
 stage "guest userspace (chroot)" "$TOP/scripts/build-guest.sh" "$rootfs" "$tree" "$build"
 
@@ -33,7 +36,7 @@ if [ "$job" = vm ]; then
 	mkdir -p "$OUT/$dir" && printf '%s\n' "$cmd" >"$OUT/$dir/cmd.sh"
 fi
 vmrc=0
-stage "boot and run '$job' in the guest" "$TOP/scripts/run-vm.sh" "$job" "$dir" "$(cat "$OUT/.bzimage")" "$rootfs" || vmrc=$?
+stage "boot and run '$job' in the guest" "$TOP/scripts/run-vm.sh" "$job" "$dir" "$(cat "$OUT/.bzimage")" "$rootfs" "$stock" || vmrc=$?
 [ $vmrc = 0 ] || rc=$vmrc
 case $job in
 check)

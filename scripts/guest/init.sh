@@ -34,6 +34,9 @@ if ! mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 out /out; then
 	poweroff_now
 fi
 
+# Debian's own rdma-core, when the host shares it, for the stock comparison.
+[ -d /stock ] && mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,ro stock /stock 2>/dev/null
+
 job=$(sed -n 's/.*odpwatch\.job=\([a-z-]*\).*/\1/p' /proc/cmdline)
 jobdir=/out/$(sed -n 's/.*odpwatch\.dir=\([a-z-]*\).*/\1/p' /proc/cmdline)
 mkdir -p "$jobdir"

@@ -98,11 +98,12 @@ class Parsers(unittest.TestCase):
         self.assertEqual(got, {"test_harness.test_ok": "passed", "test_harness.test_bad": "failed",
                                "test_harness.test_skip": "skipped"})
 
-    def run_main(self, console):
+    def run_main(self, console, stock="test_a (tests.test_mr.M.test_a) ... ok\nRan 1 test in 0s\nOK\n"):
         d = Path(self.dir.name)
         self.write("selftests.ktap", "# selftests: a: b\n# ok 1 t\nok 1 selftests: a: b\n")
         self.write("pyverbs-tests.xml", JUNIT.replace("<failure", "<skipped").replace("</failure>", "</skipped>"))
         self.write("rdma-core.test_mr.log", "test_a (tests.test_mr.M.test_a) ... ok\nRan 1 test in 0s\nOK\n")
+        self.write("rdma-core-stock.test_mr.log", stock)
         self.write("console.log", console)
         out = io.StringIO()
         with redirect_stdout(out), unittest.mock.patch("sys.argv", ["x", str(d)]):
@@ -116,8 +117,23 @@ class Parsers(unittest.TestCase):
         rc, out, res = self.run_main(benign)
         self.assertEqual(rc, 0, out)
         self.assertEqual(res["kernel"], "7.3.4-odpwatch")
-        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (3, 0, 2))
-        self.assertEqual(out.splitlines()[-1], "3 passed, 0 failed, 2 skipped")
+        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (4, 0, 2))
+        self.assertEqual(out.splitlines()[-1], "4 passed, 0 failed, 2 skipped")
+
+    def test_stock_comparison(self):
+        # A test Debian's rdma-core passed must pass with ours; one it skipped
+        # or failed is not compared.
+        stock = ("test_a (tests.test_mr.M.test_a) ... ok\n"
+                 "test_b (tests.test_mr.M.test_b) ... ok\n"
+                 "test_c (tests.test_mr.M.test_c) ... skipped 'no'\nRan 3 tests in 0s\nOK\n")
+        rc, out, res = self.run_main("odpwatch: kernel k\n", stock)
+        self.assertEqual(rc, 1, out)
+        vs = res["suites"]["rdma-core-vs-stock"]
+        self.assertEqual((vs["passed"], vs["failed"], vs["skipped"]), (1, 1, 0))
+        self.assertIn("passed with Debian's rdma-core, not run with ours", out)
+        # No stock run at all is a failure, not a pass.
+        rc, out, res = self.run_main("odpwatch: kernel k\n", "")
+        self.assertEqual(rc, 1, out)
 
     def test_main_splats_fail(self):
         for splat in ("[ 1.0] WARNING: CPU: 1 PID: 7 at mm/x.c:1 f+0x1/0x2",
