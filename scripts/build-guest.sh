@@ -31,8 +31,13 @@ python3 "$TOP/man/extract-examples.py" "$OUT/guest/man-examples" "$TOP"/man/man*
 for c in "$OUT"/guest/man-examples/*.c; do
 	[ -e "$c" ] || continue
 	name=$(basename "$c" .c)
-	run cc -Wall -Wextra -Werror -idirafter /kernel/build/usr/include \
-		-o "/out/guest/man-examples/$name" "/out/guest/man-examples/$name.c" \
+	# A library page's example builds as its users would: with pkg-config,
+	# against the installed headers and library.
+	libs=""
+	grep -q '#include <odpwatch/' "$c" &&
+		libs="\$(PKG_CONFIG_PATH=/out/guest/lib/pkgconfig pkg-config --cflags --libs odpwatch) -Wl,-rpath,/out/guest/lib"
+	run sh -c "cc -Wall -Wextra -Werror -idirafter /kernel/build/usr/include \
+		-o /out/guest/man-examples/$name /out/guest/man-examples/$name.c $libs" \
 		>"$OUT/guest/man-examples/$name.log" 2>&1 ||
 		{ cat "$OUT/guest/man-examples/$name.log" >&2; die "the example of $name does not build"; }
 done

@@ -8,6 +8,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #ifndef __NR_memwatch_create
@@ -23,17 +24,33 @@ Memwatch::Memwatch(size_t max_watches, unsigned flags)
 		syscall(__NR_memwatch_create, flags | MEMWATCH_CLOEXEC | MEMWATCH_NONBLOCK));
 	if (fd_ < 0)
 		throw verbs::Error("memwatch_create", errno);
-	long page = sysconf(_SC_PAGESIZE);
-	area_len_ = page + (max_watches * sizeof(uint64_t) + page - 1) / page * page;
+	const size_t page = sysconf(_SC_PAGESIZE);
+	// The header says where the words start and how many there can be.
+	void *first = mmap(nullptr, page, PROT_READ, MAP_SHARED, fd_, 0);
+	if (first == MAP_FAILED) {
+		int err = errno;
+		close(fd_);
+		throw verbs::Error("mmap of the memwatch state area", err);
+	}
+	const memwatch_header hdr = *static_cast<const memwatch_header *>(first);
+	munmap(first, page);
+	slots_ = max_watches ? std::min<size_t>(max_watches, hdr.max_slots) : hdr.max_slots;
+	area_len_ = (hdr.slots_offset + slots_ * sizeof(uint64_t) + page - 1) / page * page;
 	area_ = mmap(nullptr, area_len_, PROT_READ, MAP_SHARED, fd_, 0);
 	if (area_ == MAP_FAILED) {
 		int err = errno;
 		close(fd_);
 		throw verbs::Error("mmap of the memwatch state area", err);
 	}
-	auto *hdr = static_cast<const memwatch_header *>(area_);
+	hdr_ = static_cast<const memwatch_header *>(area_);
 	words_ = reinterpret_cast<const uint64_t *>(static_cast<const char *>(area_) +
-						    hdr->slots_offset);
+						    hdr.slots_offset);
+}
+
+void Memwatch::clear_overflow()
+{
+	if (ioctl(fd_, MEMWATCH_IOC_CLEAR_OVERFLOW))
+		throw verbs::Error("MEMWATCH_IOC_CLEAR_OVERFLOW", errno);
 }
 
 Memwatch::~Memwatch()
@@ -51,6 +68,10 @@ Memwatch::Watch Memwatch::add(const void *addr, size_t len, uint64_t cookie, uin
 	a.mask = mask;
 	if (ioctl(fd_, MEMWATCH_IOC_ADD, &a))
 		throw verbs::Error("MEMWATCH_IOC_ADD", errno);
+	if (a.id >= slots_) {
+		remove(a.id);
+		throw verbs::Error("MEMWATCH_IOC_ADD (id beyond the mapped words)", ENOSPC);
+	}
 	return {a.id, a.generation};
 }
 

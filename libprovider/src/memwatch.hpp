@@ -19,13 +19,15 @@ public:
 		uint64_t generation;
 	};
 
-	// Maps the state area for up to max_watches ids; throws verbs::Error
-	// (ENOSYS when the kernel has no memwatch).
-	explicit Memwatch(size_t max_watches = 65536, unsigned flags = 0);
+	// Maps the state area for up to max_watches ids (0: all the kernel
+	// allows; address space only, the kernel backs the words in use);
+	// throws verbs::Error (ENOSYS when the kernel has no memwatch).
+	explicit Memwatch(size_t max_watches = 0, unsigned flags = 0);
 	Memwatch(const Memwatch &) = delete;
 	Memwatch &operator=(const Memwatch &) = delete;
 	~Memwatch();
 
+	// Throws verbs::Error; ENOSPC when the id lies beyond the mapped area.
 	Watch add(const void *addr, size_t len, uint64_t cookie, uint32_t mask = 0);
 	void remove(uint32_t id);
 	// The whole fast path: one acquire load and a compare.
@@ -35,13 +37,21 @@ public:
 	}
 	// The next event, if one is queued (the descriptor is non-blocking).
 	std::optional<memwatch_event> next_event();
+	// Events were dropped (a full queue): check every watch, then clear.
+	bool overflowed() const noexcept
+	{
+		return __atomic_load_n(&hdr_->overflow, __ATOMIC_ACQUIRE) != 0;
+	}
+	void clear_overflow();
 	int fd() const noexcept { return fd_; }
 
 private:
 	int fd_ = -1;
 	void *area_ = nullptr;
 	size_t area_len_ = 0;
+	const memwatch_header *hdr_ = nullptr;
 	const uint64_t *words_ = nullptr;
+	size_t slots_ = 0;
 };
 
 } // namespace odpwatch

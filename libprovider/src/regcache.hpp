@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
+// The registration cache behind odpwatch/regcache.h.
+#pragma once
+
+#include "memwatch.hpp"
+#include "verbs.hpp"
+
+#include <odpwatch/regcache.h>
+
+#include <atomic>
+#include <compare>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <shared_mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace odpwatch
+{
+
+enum class Policy : int {
+	Auto = ODPWATCH_CACHE_AUTO,
+	ImplicitOdp = ODPWATCH_CACHE_IMPLICIT_ODP,
+	ExplicitOdp = ODPWATCH_CACHE_EXPLICIT_ODP,
+	Pinned = ODPWATCH_CACHE_PINNED,
+};
+
+class RegCache
+{
+public:
+	struct Entry;
+	struct Limits {
+		uint64_t max_entries = 0; // 0: no limit
+		uint64_t max_bytes = 0;
+	};
+
+	RegCache(Policy policy, Limits limits);
+	RegCache(const RegCache &) = delete;
+	RegCache &operator=(const RegCache &) = delete;
+	~RegCache();
+
+	// A registration covering [addr, addr + len) with at least access, with
+	// a reference taken. Throws verbs::Error.
+	Entry *get(ibv_pd *pd, const void *addr, size_t len, unsigned access);
+	// Drops a reference; false if e is not a referenced entry of a cache.
+	bool put(Entry *e);
+	static ibv_mr *mr(const Entry *e) noexcept;
+	static bool is_entry(const Entry *e) noexcept;
+
+	Policy policy_of(ibv_pd *pd);
+	odpwatch_cache_stats stats() const;
+	bool in_use() const;
+	int event_fd() const;
+	// Drops the entries memwatch reports changed; returns how many.
+	size_t process_events();
+
+private:
+	struct Key {
+		ibv_pd *pd;
+		uintptr_t start;
+		uintptr_t end;
+		unsigned access;
+		auto operator<=>(const Key &) const = default;
+	};
+	// Entries to destroy once the lock is dropped, on every way out.
+	class Graveyard
+	{
+	public:
+		explicit Graveyard(RegCache &c) : c_(c) {}
+		Graveyard(const Graveyard &) = delete;
+		Graveyard &operator=(const Graveyard &) = delete;
+		~Graveyard()
+		{
+			for (auto &e : dead_)
+				c_.destroy(std::move(e));
+		}
+		void add(std::unique_ptr<Entry> e) { dead_.push_back(std::move(e)); }
+
+	private:
+		RegCache &c_;
+		std::vector<std::unique_ptr<Entry>> dead_;
+	};
+
+	Entry *lookup(const Key &k) const;
+	bool fresh(const Entry *e) const noexcept;
+	Policy resolve(ibv_pd *pd);
+	std::unique_ptr<Entry> make_entry(const Key &k, Policy policy);
+	void invalidate(Entry *e, Graveyard &dead);
+	void evict(Graveyard &dead);
+	size_t process_events_locked(Graveyard &dead);
+	void destroy(std::unique_ptr<Entry> e) noexcept;
+
+	const Policy policy_;
+	const Limits limits_;
+	mutable std::shared_mutex mu_;
+	std::map<Key, std::unique_ptr<Entry>> entries_;
+	std::unordered_map<Entry *, std::unique_ptr<Entry>> retired_; // stale, still referenced
+	std::unordered_map<uint32_t, Entry *> by_watch_;
+	std::map<ibv_pd *, Policy> pd_policy_;
+	std::unique_ptr<Memwatch> mw_;
+	uint64_t bytes_ = 0;
+
+	std::atomic<bool> over_limit_{false};
+	std::atomic<uint64_t> clock_{0};
+	std::atomic<uint64_t> hits_{0}, misses_{0}, invalidations_{0}, evictions_{0};
+	std::atomic<uint64_t> registrations_{0}, deregistrations_{0};
+};
+
+} // namespace odpwatch

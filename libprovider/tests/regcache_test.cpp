@@ -1,0 +1,338 @@
+// SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
+// End-to-end tests of the registration cache through its C ABI, with real
+// RDMA traffic on rxe: regcache-test [CASE...] (no argument: all cases;
+// --list: their names).
+// Prints KTAP; exits non-zero if any case fails.
+#include "verbs.hpp"
+
+#include <odpwatch/regcache.h>
+
+#include <poll.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace odpwatch;
+
+namespace
+{
+
+struct Failure : std::runtime_error {
+	using std::runtime_error::runtime_error;
+};
+
+#define CHECK(cond)                                                                                \
+	do {                                                                                       \
+		if (!(cond))                                                                       \
+			throw Failure(std::string(__func__) + ":" + std::to_string(__LINE__) +     \
+				      ": " #cond);                                                 \
+	} while (0)
+
+#define CHECK_RC(expr, want)                                                                       \
+	do {                                                                                       \
+		int rc_ = (expr);                                                                  \
+		if (rc_ != (want))                                                                 \
+			throw Failure(std::string(#expr) + " = " + std::to_string(rc_) +           \
+				      ", want " #want);                                            \
+	} while (0)
+
+constexpr size_t buf_len = 64 * 1024;
+constexpr unsigned local_access = IBV_ACCESS_LOCAL_WRITE;
+
+// Fixed addresses far from anything else, so a freed buffer's successor
+// lands at the same address, as malloc would put it.
+void *slot_address(int slot)
+{
+	return reinterpret_cast<void *>((uintptr_t{3} << 40) + slot * (uintptr_t{1} << 24));
+}
+
+struct Cache {
+	odpwatch_cache *c = nullptr;
+	explicit Cache(int policy, uint64_t max_entries = 0)
+	{
+		odpwatch_cache_attr a{};
+		a.policy = policy;
+		a.max_entries = max_entries;
+		CHECK_RC(odpwatch_cache_create(&a, &c), 0);
+	}
+	~Cache()
+	{
+		if (c && odpwatch_cache_destroy(c))
+			std::fprintf(stderr, "# cache still in use at teardown\n");
+	}
+	odpwatch_cache_stats stats() const
+	{
+		odpwatch_cache_stats s{};
+		CHECK_RC(odpwatch_cache_query(c, &s), 0);
+		return s;
+	}
+};
+
+// A device, a PD, a loopback QP and a destination buffer for the bytes sent.
+struct Peer {
+	verbs::Context ctx = verbs::open_device("");
+	verbs::Pd pd = verbs::alloc_pd(ctx.get());
+	verbs::LoopbackQp qp{ctx.get(), pd.get()};
+	verbs::Mapping dst{buf_len};
+	verbs::Mr dst_mr = verbs::reg_mr(pd.get(), dst.data(), buf_len,
+					 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+
+	// RDMA WRITE the buffer through the cache's registration; what arrives.
+	void send(odpwatch_cache *c, const verbs::Mapping &buf, int *policy = nullptr)
+	{
+		odpwatch_cache_reg *reg = nullptr;
+		CHECK_RC(odpwatch_cache_get(c, pd.get(), buf.data(), buf_len, local_access, &reg),
+			 0);
+		if (policy)
+			*policy = odpwatch_cache_policy_of(c, pd.get());
+		std::memset(dst.data(), 0, buf_len);
+		auto st = qp.rdma_write(odpwatch_cache_reg_mr(reg), buf.data(), buf_len,
+					dst_mr.get(), dst.data());
+		CHECK_RC(odpwatch_cache_put(c, reg), 0);
+		CHECK(st == IBV_WC_SUCCESS);
+	}
+	bool received(char fill) const
+	{
+		return std::all_of(dst.data(), dst.data() + buf_len,
+				   [&](std::byte b) { return b == std::byte(fill); });
+	}
+};
+
+verbs::Mapping filled(void *at, char fill)
+{
+	verbs::Mapping m(buf_len, at);
+	std::memset(m.data(), fill, buf_len);
+	return m;
+}
+
+// The classic failure: A registered and cached, freed, B at A's address.
+void reuse(int policy)
+{
+	Peer p;
+	Cache c(policy);
+	int effective = -1;
+	auto a = filled(slot_address(0), 'A');
+	p.send(c.c, a, &effective);
+	CHECK(effective == policy);
+	CHECK(p.received('A'));
+	a.unmap();
+	auto b = filled(slot_address(0), 'B');
+	p.send(c.c, b);
+	CHECK(p.received('B'));
+	auto s = c.stats();
+	if (policy == ODPWATCH_CACHE_PINNED) {
+		// A's registration was found stale and replaced.
+		CHECK(s.invalidations == 1 && s.registrations == 2 && s.hits == 0);
+	} else {
+		// An ODP registration follows the mapping: B hits A's entry.
+		CHECK(s.invalidations == 0 && s.registrations == 1 && s.hits == 1);
+	}
+	CHECK(s.entries == 1 && s.in_use == 0);
+}
+
+// Threads free and remap their buffers while the others look theirs up, all
+// in one cache and one PD; every transfer must carry the current bytes.
+void threads(int policy)
+{
+	constexpr int nthreads = 4, iterations = 40;
+	Cache c(policy);
+	verbs::Context ctx = verbs::open_device("");
+	verbs::Pd pd = verbs::alloc_pd(ctx.get());
+	std::atomic<int> failures{0};
+	std::vector<std::string> why(nthreads);
+	std::vector<std::thread> ts;
+	for (int t = 0; t < nthreads; t++)
+		ts.emplace_back([&, t] {
+			try {
+				verbs::LoopbackQp qp(ctx.get(), pd.get());
+				verbs::Mapping dst(buf_len);
+				auto dst_mr = verbs::reg_mr(pd.get(), dst.data(), buf_len,
+							    IBV_ACCESS_LOCAL_WRITE |
+								    IBV_ACCESS_REMOTE_WRITE);
+				for (int i = 0; i < iterations; i++) {
+					const char fill = static_cast<char>('a' + (t * 7 + i) % 26);
+					auto buf = filled(slot_address(1 + t), fill);
+					for (int use = 0; use < 2; use++) {
+						odpwatch_cache_reg *reg = nullptr;
+						CHECK_RC(odpwatch_cache_get(c.c, pd.get(),
+									    buf.data(), buf_len,
+									    local_access, &reg),
+							 0);
+						std::memset(dst.data(), 0, buf_len);
+						auto st = qp.rdma_write(odpwatch_cache_reg_mr(reg),
+									buf.data(), buf_len,
+									dst_mr.get(), dst.data());
+						CHECK_RC(odpwatch_cache_put(c.c, reg), 0);
+						CHECK(st == IBV_WC_SUCCESS);
+						CHECK(std::all_of(dst.data(), dst.data() + buf_len,
+								  [&](std::byte b) {
+									  return b ==
+										 std::byte(fill);
+								  }));
+					}
+				}
+			} catch (const std::exception &e) {
+				why[t] = e.what();
+				failures++;
+			}
+		});
+	for (auto &t : ts)
+		t.join();
+	for (int t = 0; t < nthreads; t++)
+		if (!why[t].empty())
+			std::printf("# thread %d: %s\n", t, why[t].c_str());
+	CHECK(failures == 0);
+	auto s = c.stats();
+	std::printf("# %s: %lu hits, %lu misses, %lu invalidations, %lu registrations\n",
+		    odpwatch_cache_policy_name(policy), (unsigned long)s.hits,
+		    (unsigned long)s.misses, (unsigned long)s.invalidations,
+		    (unsigned long)s.registrations);
+	CHECK(s.in_use == 0);
+	CHECK(s.hits >= nthreads * iterations); // every second use of a buffer
+	if (policy == ODPWATCH_CACHE_PINNED)
+		CHECK(s.invalidations >= nthreads * (iterations - 1));
+}
+
+// Limits: unused entries are evicted least recently used first; entries in
+// use never are.
+void limits()
+{
+	Peer p;
+	Cache c(ODPWATCH_CACHE_PINNED, 4);
+	std::vector<verbs::Mapping> bufs;
+	for (int i = 0; i < 8; i++)
+		bufs.push_back(filled(slot_address(16 + i), 'x'));
+	for (auto &b : bufs)
+		p.send(c.c, b);
+	auto s = c.stats();
+	CHECK(s.entries == 4 && s.evictions == 4);
+	// The 4 most recent are cached: using them again hits.
+	for (int i = 4; i < 8; i++)
+		p.send(c.c, bufs[i]);
+	CHECK(c.stats().hits == 4);
+	std::vector<odpwatch_cache_reg *> held;
+	for (auto &b : bufs) {
+		odpwatch_cache_reg *r = nullptr;
+		CHECK_RC(odpwatch_cache_get(c.c, p.pd.get(), b.data(), buf_len, local_access, &r),
+			 0);
+		held.push_back(r);
+	}
+	s = c.stats();
+	CHECK(s.entries == 8 && s.in_use == 8);
+	CHECK_RC(odpwatch_cache_destroy(c.c), -EBUSY);
+	for (auto *r : held)
+		CHECK_RC(odpwatch_cache_put(c.c, r), 0);
+	s = c.stats();
+	CHECK(s.entries == 4 && s.in_use == 0);
+}
+
+// Pinned memory is released when the application frees it, through the
+// memwatch descriptor, without waiting for a get of that address.
+void events()
+{
+	Peer p;
+	Cache c(ODPWATCH_CACHE_PINNED);
+	CHECK_RC(odpwatch_cache_event_fd(c.c), -ENOENT);
+	auto a = filled(slot_address(30), 'e');
+	p.send(c.c, a);
+	int fd = odpwatch_cache_event_fd(c.c);
+	CHECK(fd >= 0);
+	pollfd pfd{fd, POLLIN, 0};
+	CHECK(poll(&pfd, 1, 0) == 0);
+	a.unmap();
+	CHECK(poll(&pfd, 1, 1000) == 1 && (pfd.revents & POLLIN));
+	CHECK_RC(odpwatch_cache_process_events(c.c), 1);
+	auto s = c.stats();
+	CHECK(s.entries == 0 && s.deregistrations == 1 && s.invalidations == 1);
+}
+
+void bad_input()
+{
+	odpwatch_cache *c = nullptr;
+	odpwatch_cache_attr a{};
+	a.reserved[2] = 1;
+	CHECK_RC(odpwatch_cache_create(&a, &c), -EINVAL);
+	a = {};
+	a.flags = 1;
+	CHECK_RC(odpwatch_cache_create(&a, &c), -EINVAL);
+	a = {};
+	a.policy = 9;
+	CHECK_RC(odpwatch_cache_create(&a, &c), -EINVAL);
+	CHECK_RC(odpwatch_cache_create(nullptr, nullptr), -EINVAL);
+
+	Peer p;
+	Cache cache(ODPWATCH_CACHE_PINNED);
+	auto buf = filled(slot_address(31), 'z');
+	odpwatch_cache_reg *r = nullptr;
+	CHECK_RC(odpwatch_cache_get(cache.c, p.pd.get(), buf.data(), 0, local_access, &r), -EINVAL);
+	CHECK_RC(odpwatch_cache_get(cache.c, nullptr, buf.data(), 8, local_access, &r), -EINVAL);
+	CHECK_RC(odpwatch_cache_get(cache.c, p.pd.get(),
+				    reinterpret_cast<void *>(~uintptr_t{0} - 8), 64, local_access,
+				    &r),
+		 -EINVAL);
+	// Memory that is not mapped cannot be registered.
+	CHECK_RC(odpwatch_cache_get(cache.c, p.pd.get(), slot_address(40), 4096, local_access, &r),
+		 -EFAULT);
+	CHECK_RC(odpwatch_cache_get(cache.c, p.pd.get(), buf.data(), 8, local_access, &r), 0);
+	CHECK_RC(odpwatch_cache_put(cache.c, r), 0);
+	CHECK_RC(odpwatch_cache_put(cache.c, r), -EINVAL); // a second put
+	CHECK_RC(odpwatch_cache_put(cache.c, nullptr), -EINVAL);
+	CHECK(odpwatch_cache_reg_mr(nullptr) == nullptr);
+	CHECK_RC(odpwatch_cache_query(cache.c, nullptr), -EINVAL);
+	CHECK(std::string(odpwatch_cache_policy_name(42)) == "unknown");
+}
+
+const std::map<std::string, std::function<void()>> cases = {
+	{"reuse-pinned", [] { reuse(ODPWATCH_CACHE_PINNED); }},
+	{"reuse-explicit-odp", [] { reuse(ODPWATCH_CACHE_EXPLICIT_ODP); }},
+	{"reuse-implicit-odp", [] { reuse(ODPWATCH_CACHE_IMPLICIT_ODP); }},
+	{"threads-pinned", [] { threads(ODPWATCH_CACHE_PINNED); }},
+	{"threads-explicit-odp", [] { threads(ODPWATCH_CACHE_EXPLICIT_ODP); }},
+	{"threads-implicit-odp", [] { threads(ODPWATCH_CACHE_IMPLICIT_ODP); }},
+	{"limits", limits},
+	{"events", events},
+	{"bad-input", bad_input},
+};
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+	std::vector<std::string> names(argv + 1, argv + argc);
+	if (names.size() == 1 && names[0] == "--list") {
+		for (auto &[n, f] : cases)
+			std::printf("%s\n", n.c_str());
+		return 0;
+	}
+	if (names.empty())
+		for (auto &[n, f] : cases)
+			names.push_back(n);
+	std::printf("TAP version 13\n1..%zu\n", names.size());
+	int failed = 0, i = 0;
+	for (auto &n : names) {
+		i++;
+		auto it = cases.find(n);
+		if (it == cases.end()) {
+			std::printf("not ok %d %s # no such case\n", i, n.c_str());
+			failed++;
+			continue;
+		}
+		try {
+			it->second();
+			std::printf("ok %d %s\n", i, n.c_str());
+		} catch (const std::exception &e) {
+			std::printf("# %s\nnot ok %d %s\n", e.what(), i, n.c_str());
+			failed++;
+		}
+		std::fflush(stdout);
+	}
+	return failed ? 1 : 0;
+}
