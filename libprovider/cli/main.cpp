@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
 // odpwatch: one command-line tool, with subcommands.
+#include "cache_bench.hpp"
 #include "cli.hpp"
 #include "memwatch_bench.hpp"
 #include "odp_bench.hpp"
@@ -25,7 +26,9 @@ void usage(FILE *f)
 			"  bench memwatch [--quick] [--reps N] [--csv FILE] [--no-uffd]\n"
 			"         memwatch against a userfaultfd monitor and a munmap hook\n"
 			"  bench odp [--quick] [--reps N] [--csv FILE]\n"
-			"         ODP against pinned memory: registration, bandwidth\n");
+			"         ODP against pinned memory: registration, bandwidth\n"
+			"  bench cache [--quick] [--reps N] [--csv FILE]\n"
+			"         the registration cache's policies: hits, misses, reuse\n");
 }
 
 int caps(const cli::Options &opt)
@@ -38,12 +41,13 @@ int caps(const cli::Options &opt)
 	return 0;
 }
 
-// odpwatch bench memwatch|odp [--quick] [--reps N] [--csv FILE] [--no-uffd]
+// odpwatch bench memwatch|odp|cache [--quick] [--reps N] [--csv FILE] [--no-uffd]
 int run_bench(const cli::Options &opt, int argc, char **argv)
 {
 	std::string_view what = argc >= 1 ? argv[0] : "";
-	if (what != "memwatch" && what != "odp") {
-		std::fprintf(stderr, "odpwatch bench: say what to measure: memwatch or odp\n");
+	if (what != "memwatch" && what != "odp" && what != "cache") {
+		std::fprintf(stderr,
+			     "odpwatch bench: say what to measure: memwatch, odp or cache\n");
 		return 2;
 	}
 	bool quick = false, uffd = true;
@@ -69,6 +73,8 @@ int run_bench(const cli::Options &opt, int argc, char **argv)
 		reps = quick ? 3 : 5;
 	if (what == "odp")
 		return bench::odp_bench({opt.device, quick, reps, csv});
+	if (what == "cache")
+		return bench::cache_bench({opt.device, quick, reps, csv});
 	return bench::memwatch_bench({quick, uffd, reps, csv});
 }
 
