@@ -26,6 +26,7 @@
 #include <linux/mmu_notifier.h>
 #include <linux/poll.h>
 #include <linux/sched/mm.h>
+#include <linux/seq_file.h>
 #include <linux/slab.h>
 #include <linux/syscalls.h>
 #include <linux/uaccess.h>
@@ -351,15 +352,21 @@ static long memwatch_remove(struct memwatch_ctx *ctx, void __user *uarg)
 	return 0;
 }
 
+static void memwatch_stats_snapshot(struct memwatch_ctx *ctx,
+				    struct memwatch_stats *st)
+{
+	spin_lock(&ctx->qlock);
+	*st = ctx->stats;
+	st->queue_size = ctx->qsize;
+	st->queue_used = ctx->qtail - ctx->qhead;
+	spin_unlock(&ctx->qlock);
+}
+
 static long memwatch_get_stats(struct memwatch_ctx *ctx, void __user *uarg)
 {
 	struct memwatch_stats st;
 
-	spin_lock(&ctx->qlock);
-	st = ctx->stats;
-	st.queue_size = ctx->qsize;
-	st.queue_used = ctx->qtail - ctx->qhead;
-	spin_unlock(&ctx->qlock);
+	memwatch_stats_snapshot(ctx, &st);
 	return copy_to_user(uarg, &st, sizeof(st)) ? -EFAULT : 0;
 }
 
@@ -538,6 +545,29 @@ static int memwatch_release(struct inode *inode, struct file *file)
 	return 0;
 }
 
+#ifdef CONFIG_PROC_FS
+/*
+ * /proc/PID/fdinfo/FD: the counters of MEMWATCH_IOC_STATS, readable by
+ * tools that look at another process's descriptors.
+ */
+static void memwatch_show_fdinfo(struct seq_file *m, struct file *file)
+{
+	struct memwatch_ctx *ctx = file->private_data;
+	struct memwatch_stats st;
+
+	memwatch_stats_snapshot(ctx, &st);
+	seq_printf(m, "memwatch-watches:\t%llu\n", st.watches);
+	seq_printf(m, "memwatch-invalidations:\t%llu\n", st.invalidations);
+	seq_printf(m, "memwatch-changes:\t%llu\n", st.changes);
+	seq_printf(m, "memwatch-events-queued:\t%llu\n", st.events_queued);
+	seq_printf(m, "memwatch-events-coalesced:\t%llu\n", st.events_coalesced);
+	seq_printf(m, "memwatch-events-read:\t%llu\n", st.events_read);
+	seq_printf(m, "memwatch-events-dropped:\t%llu\n", st.events_dropped);
+	seq_printf(m, "memwatch-queue:\t%u/%u\n", st.queue_used, st.queue_size);
+	seq_printf(m, "memwatch-overflow:\t%u\n", READ_ONCE(ctx->hdr->overflow));
+}
+#endif
+
 static const struct file_operations memwatch_fops = {
 	.owner = THIS_MODULE,
 	.release = memwatch_release,
@@ -547,6 +577,9 @@ static const struct file_operations memwatch_fops = {
 	.compat_ioctl = compat_ptr_ioctl,
 	.mmap = memwatch_mmap,
 	.llseek = noop_llseek,
+#ifdef CONFIG_PROC_FS
+	.show_fdinfo = memwatch_show_fdinfo,
+#endif
 };
 
 SYSCALL_DEFINE1(memwatch_create, unsigned int, flags)

@@ -1,10 +1,21 @@
 # SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
 """The registration cache of libodpwatch, end to end on rxe: one pytest test
 per case of regcache-test (libprovider/tests/regcache_test.cpp), which moves
-real bytes through the cache's registrations with RDMA WRITE."""
+real bytes through the cache's registrations with RDMA WRITE; then the same
+through the Python binding (libprovider/python/odpwatch_cache.py) beside
+pyverbs."""
+import ctypes
+import errno
+import os
+import pathlib
 import subprocess
+import sys
 
 import pytest
+import pyverbs.enums as e
+from pyverbs.mr import MR
+
+from conftest import mmap_anon, munmap
 
 BINARY = "/out/guest/bin/regcache-test"
 CASES = ["reuse-pinned", "reuse-explicit-odp", "reuse-implicit-odp",
@@ -23,3 +34,62 @@ def test_every_case_runs_here():
     assert r.returncode == 0 and sorted(r.stdout.split()) == sorted(CASES)
     r = subprocess.run([BINARY, "no-such-case"], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "not ok 1 no-such-case # no such case" in r.stdout
+
+
+# The Python binding, beside pyverbs: the cache's registrations serve a
+# pyverbs QP of the same (imported) PD.
+os.environ.setdefault("ODPWATCH_LIB", "/out/guest/lib/libodpwatch.so.0")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "libprovider" / "python"))
+import odpwatch_cache  # noqa: E402
+
+LEN = 64 << 10
+SLOT = 0x3f0000000000  # fixed, so the next buffer lands at the freed one's address
+
+
+def fill(addr, byte):
+    ctypes.memset(addr, byte, LEN)
+
+
+@pytest.mark.parametrize("policy", ["pinned", "explicit-odp", "implicit-odp"])
+def test_python_cache_never_sends_freed_bytes(ctx, pd, loopback, policy):
+    dst = mmap_anon(LEN)
+    dst_mr = MR(pd, LEN, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE, address=dst)
+    try:
+        with odpwatch_cache.RegCache(ctx, pd, policy=policy) as cache:
+            assert cache.policy == {"pinned": "pinned+memwatch"}.get(policy, policy)
+            for byte in b"AB":
+                buf = mmap_anon(LEN, addr=SLOT)
+                fill(buf, byte)
+                with cache.get(buf, LEN, e.IBV_ACCESS_LOCAL_WRITE) as reg:
+                    st = loopback.rdma(e.IBV_WR_RDMA_WRITE, reg, buf, LEN, dst_mr, dst)
+                assert st == e.IBV_WC_SUCCESS
+                assert ctypes.string_at(dst, LEN) == bytes([byte]) * LEN
+                munmap(buf, LEN)
+            s = cache.stats()
+            stale = 1 if policy == "pinned" else 0
+            assert (s["invalidations"], s["in_use"]) == (stale, 0), s
+    finally:
+        dst_mr.close()
+        munmap(dst, LEN)
+
+
+def test_python_cache_auto_and_errors(ctx, pd):
+    with pytest.raises(ValueError):
+        odpwatch_cache.RegCache(ctx, pd, policy="nonsense")
+    buf = mmap_anon(LEN)
+    try:
+        with odpwatch_cache.RegCache(ctx, pd) as cache:
+            # rxe offers implicit ODP: the automatic policy takes it.
+            assert cache.policy == "implicit-odp"
+            reg = cache.get(buf, LEN, e.IBV_ACCESS_LOCAL_WRITE)
+            reg_handle = reg._handle
+            reg.put()
+            with pytest.raises(OSError) as err:
+                odpwatch_cache._check(odpwatch_cache._lib.odpwatch_cache_put(
+                    cache._cache, reg_handle), "second put")
+            assert err.value.errno == errno.EINVAL
+            with pytest.raises(OSError) as err:
+                cache.get(buf, 0, e.IBV_ACCESS_LOCAL_WRITE)
+            assert err.value.errno == errno.EINVAL
+    finally:
+        munmap(buf, LEN)

@@ -14,5 +14,9 @@ struct Options {
 
 std::string describe_caps(const odpwatch_odp_caps &c);
 int demo(const Options &opt);
+// The ODP counters of the device's MRs, from RDMA netlink.
+int mr_counters(const Options &opt);
+// Every memwatch descriptor of every process, with its counters (fdinfo).
+int memwatch_stats(const Options &opt);
 
 } // namespace odpwatch::cli

@@ -22,6 +22,10 @@ void usage(FILE *f)
 	std::fprintf(f, "usage: odpwatch [-d DEVICE] COMMAND\n"
 			"commands:\n"
 			"  caps   the device's On-Demand Paging capabilities\n"
+			"  memwatch-stats\n"
+			"         every process's memwatch descriptors and their counters\n"
+			"  mr-counters\n"
+			"         ODP counters of the device's MRs (page faults, invalidations)\n"
 			"  demo   the registration-cache problem, shown with RDMA traffic\n"
 			"  bench memwatch [--quick] [--reps N] [--csv FILE] [--no-uffd]\n"
 			"         memwatch against a userfaultfd monitor and a munmap hook\n"
@@ -107,6 +111,10 @@ int main(int argc, char **argv)
 			return caps(opt);
 		if (cmd == "demo")
 			return cli::demo(opt);
+		if (cmd == "mr-counters")
+			return cli::mr_counters(opt);
+		if (cmd == "memwatch-stats")
+			return cli::memwatch_stats(opt);
 		if (cmd == "bench")
 			return run_bench(opt, argc - i - 1, argv + i + 1);
 	} catch (const verbs::Error &e) {

@@ -46,6 +46,8 @@ RegCache::RegCache(Policy policy, Limits limits) : policy_(policy), limits_(limi
 
 RegCache::~RegCache()
 {
+	flush();
+	reaper_ = std::jthread(); // stops and joins it
 	for (auto &[k, e] : entries_)
 		destroy(std::move(e));
 	for (auto &[p, e] : retired_)
@@ -161,6 +163,50 @@ void RegCache::destroy(std::unique_ptr<Entry> e) noexcept
 	e->magic = 0;
 	e->mr.reset();
 	deregistrations_++;
+}
+
+void RegCache::reap(std::vector<std::unique_ptr<Entry>> &dead) noexcept
+{
+	if (dead.empty())
+		return;
+	try {
+		std::lock_guard lock(reap_mu_);
+		if (!reaper_.joinable())
+			reaper_ = std::jthread([this](std::stop_token st) { reaper_loop(st); });
+		for (auto &e : dead)
+			reap_q_.push_back(std::move(e));
+	} catch (...) {
+		// No thread (or no memory for the queue): deregister here.
+		for (auto &e : dead)
+			destroy(std::move(e));
+	}
+	dead.clear();
+	reap_cv_.notify_all();
+}
+
+void RegCache::reaper_loop(std::stop_token stop)
+{
+	std::unique_lock lock(reap_mu_);
+	for (;;) {
+		reap_cv_.wait(lock, stop, [&] { return !reap_q_.empty(); });
+		if (reap_q_.empty())
+			return; // stop requested, nothing left
+		std::deque<std::unique_ptr<Entry>> batch;
+		batch.swap(reap_q_);
+		reaping_ = batch.size();
+		lock.unlock();
+		for (auto &e : batch)
+			destroy(std::move(e));
+		lock.lock();
+		reaping_ = 0;
+		reap_cv_.notify_all();
+	}
+}
+
+void RegCache::flush()
+{
+	std::unique_lock lock(reap_mu_);
+	reap_cv_.wait(lock, [&] { return reap_q_.empty() && reaping_ == 0; });
 }
 
 // Take e out of the cache (exclusive lock held): destroyed now if unused,
@@ -461,6 +507,14 @@ int odpwatch_cache_query(struct odpwatch_cache *cache, struct odpwatch_cache_sta
 		*stats = cache->cache.stats();
 		return 0;
 	});
+}
+
+int odpwatch_cache_flush(struct odpwatch_cache *cache)
+{
+	if (!cache)
+		return -EINVAL;
+	cache->cache.flush();
+	return 0;
 }
 
 int odpwatch_cache_event_fd(struct odpwatch_cache *cache)

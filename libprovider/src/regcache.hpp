@@ -9,10 +9,13 @@
 
 #include <atomic>
 #include <compare>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <shared_mutex>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -51,6 +54,8 @@ public:
 	Policy policy_of(ibv_pd *pd);
 	odpwatch_cache_stats stats() const;
 	bool in_use() const;
+	// Waits until every dropped registration is deregistered.
+	void flush();
 	int event_fd() const;
 	// Drops the entries memwatch reports changed; returns how many.
 	size_t process_events();
@@ -63,18 +68,15 @@ private:
 		unsigned access;
 		auto operator<=>(const Key &) const = default;
 	};
-	// Entries to destroy once the lock is dropped, on every way out.
+	// Entries to destroy once the lock is dropped, on every way out: they
+	// go to the reaper.
 	class Graveyard
 	{
 	public:
 		explicit Graveyard(RegCache &c) : c_(c) {}
 		Graveyard(const Graveyard &) = delete;
 		Graveyard &operator=(const Graveyard &) = delete;
-		~Graveyard()
-		{
-			for (auto &e : dead_)
-				c_.destroy(std::move(e));
-		}
+		~Graveyard() { c_.reap(dead_); }
 		void add(std::unique_ptr<Entry> e) { dead_.push_back(std::move(e)); }
 
 	private:
@@ -90,6 +92,10 @@ private:
 	void evict(Graveyard &dead);
 	size_t process_events_locked(Graveyard &dead);
 	void destroy(std::unique_ptr<Entry> e) noexcept;
+	// Deregistration waits for the kernel (about 11 ms per MR on rxe under
+	// TCG, whatever its size): a thread does it off the callers' path.
+	void reap(std::vector<std::unique_ptr<Entry>> &dead) noexcept;
+	void reaper_loop(std::stop_token stop);
 
 	const Policy policy_;
 	const Limits limits_;
@@ -100,6 +106,12 @@ private:
 	std::map<ibv_pd *, Policy> pd_policy_;
 	std::unique_ptr<Memwatch> mw_;
 	uint64_t bytes_ = 0;
+
+	std::mutex reap_mu_;
+	std::condition_variable_any reap_cv_;
+	std::deque<std::unique_ptr<Entry>> reap_q_;
+	size_t reaping_ = 0;  // taken off the queue, not yet destroyed
+	std::jthread reaper_; // started with the first dropped registration
 
 	std::atomic<bool> over_limit_{false};
 	std::atomic<uint64_t> clock_{0};

@@ -250,6 +250,7 @@ void events()
 	a.unmap();
 	CHECK(poll(&pfd, 1, 1000) == 1 && (pfd.revents & POLLIN));
 	CHECK_RC(odpwatch_cache_process_events(c.c), 1);
+	CHECK_RC(odpwatch_cache_flush(c.c), 0);
 	auto s = c.stats();
 	CHECK(s.entries == 0 && s.deregistrations == 1 && s.invalidations == 1);
 }

@@ -78,6 +78,13 @@ ODPWATCH_API int odpwatch_cache_get(struct odpwatch_cache *cache, struct ibv_pd 
 ODPWATCH_API int odpwatch_cache_put(struct odpwatch_cache *cache, struct odpwatch_cache_reg *reg);
 ODPWATCH_API struct ibv_mr *odpwatch_cache_reg_mr(const struct odpwatch_cache_reg *reg);
 
+/*
+ * Registrations the cache drops (stale, evicted) are deregistered by a
+ * thread of the cache, off the caller's path; this waits until every one
+ * dropped so far is. odpwatch_cache_destroy() does it too.
+ */
+ODPWATCH_API int odpwatch_cache_flush(struct odpwatch_cache *cache);
+
 /* The policy in effect for pd (resolved on its first get, or now). */
 ODPWATCH_API int odpwatch_cache_policy_of(struct odpwatch_cache *cache, struct ibv_pd *pd);
 ODPWATCH_API int odpwatch_cache_query(struct odpwatch_cache *cache,

@@ -1,0 +1,99 @@
+# SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
+"""The odpwatch command-line tool against the kernel: per-MR ODP counters
+over RDMA netlink, cross-checked with iproute2's `rdma stat show mr`, and
+every process's memwatch descriptors from /proc/PID/fdinfo."""
+import ctypes
+import json
+import os
+import subprocess
+
+import pyverbs.enums as e
+from pyverbs.mr import MR
+
+from conftest import RDMA_DEV, mmap_anon, munmap
+
+ODPWATCH = "/out/guest/bin/odpwatch"
+LEN = 1 << 20
+
+
+def rows(out):
+    """mr-counters' table as dicts, keyed by the header's column names."""
+    lines = out.splitlines()
+    head = next(i for i, l in enumerate(lines) if l.split()[:1] == ["mrn"])
+    cols = lines[head].split()
+    return [dict(zip(cols, l.split())) for l in lines[head + 1:] if l.strip()]
+
+
+def test_mr_counters_after_a_first_touch_write(pd, loopback):
+    src, dst = mmap_anon(LEN), mmap_anon(LEN)
+    ctypes.memset(src, 0x5A, LEN)
+    src_mr = MR(pd, LEN, e.IBV_ACCESS_LOCAL_WRITE, address=src)
+    dst_mr = MR(pd, LEN, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE |
+                e.IBV_ACCESS_ON_DEMAND, address=dst)
+    try:
+        assert loopback.rdma(e.IBV_WR_RDMA_WRITE, src_mr, src, LEN, dst_mr, dst) == \
+            e.IBV_WC_SUCCESS
+        r = subprocess.run([ODPWATCH, "-d", RDMA_DEV, "mr-counters"], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        mine = [x for x in rows(r.stdout) if int(x["lkey"], 16) == dst_mr.lkey]
+        assert len(mine) == 1, r.stdout
+        row = mine[0]
+        assert int(row["length"]) == LEN
+        # Every page of the 1 MiB was absent and faulted in by the responder.
+        assert int(row["page_faults_handled"]) >= LEN // 4096, row
+        assert int(row["page_faults"]) >= 1, row
+        # The pinned source MR has no ODP counters, so it is not listed.
+        assert not [x for x in rows(r.stdout) if int(x["lkey"], 16) == src_mr.lkey]
+
+        # iproute2 reads the same netlink attributes.
+        j = subprocess.run(["rdma", "-j", "stat", "show", "mr"], capture_output=True,
+                           text=True, timeout=60)
+        assert j.returncode == 0, j.stderr
+        theirs = [x for x in json.loads(j.stdout) if str(x.get("mrn")) == row["mrn"]]
+        assert len(theirs) == 1, j.stdout
+        assert int(theirs[0]["page_faults_handled"]) == int(row["page_faults_handled"])
+    finally:
+        src_mr.close()
+        dst_mr.close()
+        munmap(src, LEN)
+        munmap(dst, LEN)
+
+
+def test_mr_counters_unknown_device():
+    r = subprocess.run([ODPWATCH, "-d", "nosuchdev0", "mr-counters"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1
+    assert "nosuchdev0" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_memwatch_stats_lists_this_process():
+    from pyverbs.memwatch import MemWatch
+    a, b = mmap_anon(2 * 4096), mmap_anon(4096)
+    try:
+        with MemWatch(nonblock=True) as mw:
+            mw.add(a, 2 * 4096)
+            mw.add(b, 4096)
+            munmap(b, 4096)
+            b = None
+            r = subprocess.run([ODPWATCH, "memwatch-stats"], capture_output=True, text=True,
+                               timeout=60)
+            assert r.returncode == 0, r.stderr
+            lines = r.stdout.splitlines()
+            head = next(i for i, l in enumerate(lines) if l.split()[:1] == ["pid"])
+            cols = lines[head].split()
+            mine = [dict(zip(cols, l.split())) for l in lines[head + 1:]
+                    if l.split()[:1] == [str(os.getpid())] and
+                    l.split()[2] == str(mw.fd)]
+            assert len(mine) == 1, r.stdout
+            row = mine[0]
+            assert (row["watches"], row["changes"], row["events-queued"]) == ("2", "1", "1"), row
+            assert row["queue"].startswith("1/"), row
+        # Closed: no longer listed.
+        r = subprocess.run([ODPWATCH, "memwatch-stats"], capture_output=True, text=True,
+                           timeout=60)
+        assert not [l for l in r.stdout.splitlines() if l.split()[:1] == [str(os.getpid())]]
+    finally:
+        munmap(a, 2 * 4096)
+        if b:
+            munmap(b, 4096)
