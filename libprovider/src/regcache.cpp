@@ -3,7 +3,8 @@
 //
 // Hits take the lock shared: a map lookup, for pinned entries one load of
 // the memwatch word, an atomic reference. Misses, invalidation and eviction
-// take it exclusive; registration and deregistration run outside it.
+// take it exclusive; registration runs outside it, deregistration on the
+// cache's reaper thread.
 #include "regcache.hpp"
 
 #include <unistd.h>
