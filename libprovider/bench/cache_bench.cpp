@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
 // The registration cache (odpwatch/regcache.h) under its three policies on
 // one device, through the C ABI an MPI library would use.
-#include "cache_bench.hpp"
+#include "benches.hpp"
 #include "report.hpp"
 #include "verbs.hpp"
 
@@ -78,7 +78,7 @@ std::vector<verbs::Mapping> buffers(size_t n, size_t len)
 
 // Hit path: every buffer cached; get + put of each. The explicit ODP row is
 // the same lookup without the memwatch check: the baseline for it.
-void bench_hits(Report &rep, const CacheBenchOptions &o, ibv_pd *pd)
+void bench_hits(Report &rep, const Options &o, ibv_pd *pd)
 {
 	const size_t n = 64, len = 64 << 10, rounds = o.quick ? 20 : 100;
 	const std::string g = "hit: get + put of a cached 64 KiB buffer",
@@ -99,7 +99,7 @@ void bench_hits(Report &rep, const CacheBenchOptions &o, ibv_pd *pd)
 }
 
 // Miss: a buffer the cache has not seen, registered on get.
-void bench_misses(Report &rep, const CacheBenchOptions &o, ibv_pd *pd)
+void bench_misses(Report &rep, const Options &o, ibv_pd *pd)
 {
 	const size_t n = o.quick ? 16 : 64;
 	for (size_t len : {size_t{64} << 10, size_t{1} << 20}) {
@@ -131,7 +131,7 @@ void bench_misses(Report &rep, const CacheBenchOptions &o, ibv_pd *pd)
 }
 
 // A cached buffer is freed and another mapped at its address, then used.
-void bench_reuse(Report &rep, const CacheBenchOptions &o, ibv_pd *pd)
+void bench_reuse(Report &rep, const Options &o, ibv_pd *pd)
 {
 	const size_t n = o.quick ? 16 : 64, len = 64 << 10;
 	const std::string g = "free + new buffer at the same address + get + put (64 KiB)",
@@ -169,7 +169,7 @@ void bench_reuse(Report &rep, const CacheBenchOptions &o, ibv_pd *pd)
 // MPI-like: 128 buffers of 4 KiB .. 1 MiB used over and over; now and then
 // one is freed and a new one takes its place. The same seeded sequence for
 // every policy.
-void bench_workload(Report &rep, const CacheBenchOptions &o, ibv_pd *pd)
+void bench_workload(Report &rep, const Options &o, ibv_pd *pd)
 {
 	const size_t n = 128, ops = o.quick ? 2000 : 10000;
 	const std::string g = "MPI-like: 128 buffers (4 KiB..1 MiB), 5% freed and reallocated",
@@ -203,31 +203,18 @@ void bench_workload(Report &rep, const CacheBenchOptions &o, ibv_pd *pd)
 
 } // namespace
 
-int cache_bench(const CacheBenchOptions &o)
+int cache_bench(const Options &o)
 {
 	verbs::Context ctx = verbs::open_device(o.device);
 	verbs::Pd pd = verbs::alloc_pd(ctx.get());
 	Report rep("Registration cache policies on " +
 		   std::string(ibv_get_device_name(ctx->device)));
-	std::fprintf(stderr, "bench cache: %u repetitions per row%s\n", o.reps,
-		     o.quick ? " (quick)" : "");
-	struct Section {
-		const char *what;
-		void (*run)(Report &, const CacheBenchOptions &, ibv_pd *);
-	};
-	for (auto [what, run] : {Section{"hit path", bench_hits}, Section{"misses", bench_misses},
-				 Section{"freed and reused buffers", bench_reuse},
-				 Section{"MPI-like workload", bench_workload}}) {
-		auto t0 = std::chrono::steady_clock::now();
-		std::fprintf(stderr, "bench cache: %s ...", what);
-		run(rep, o, pd.get());
-		std::fprintf(stderr, " %.1f s\n",
-			     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-				     .count());
-	}
-	rep.print_markdown();
-	if (!o.csv.empty())
-		rep.write_csv(o.csv);
+	run_sections("cache", o.reps, o.quick,
+		     {{"hit path", [&] { bench_hits(rep, o, pd.get()); }},
+		      {"misses", [&] { bench_misses(rep, o, pd.get()); }},
+		      {"freed and reused buffers", [&] { bench_reuse(rep, o, pd.get()); }},
+		      {"MPI-like workload", [&] { bench_workload(rep, o, pd.get()); }}});
+	rep.finish(o.csv);
 	return 0;
 }
 

@@ -3,7 +3,7 @@
 // a userfaultfd monitor thread (UFFD_EVENT_UNMAP/REMOVE/REMAP, as libfabric
 // uses it) and an interposed munmap hook (as UCX's ucm does). Each keeps the
 // same cache of ranges; the measurements are ratios within this one run.
-#include "memwatch_bench.hpp"
+#include "benches.hpp"
 #include "memwatch.hpp"
 #include "report.hpp"
 #include "verbs.hpp"
@@ -261,7 +261,7 @@ std::string count_name(size_t n)
 
 // One acquire load and a compare, against the flag load a hook- or
 // monitor-maintained cache does: the fast path of a cache hit.
-void bench_check(Report &rep, const MemwatchBenchOptions &o)
+void bench_check(Report &rep, const Options &o)
 {
 	const size_t n = 4096, passes = o.quick ? 64 : 256;
 	Region r(n);
@@ -298,7 +298,7 @@ void bench_check(Report &rep, const MemwatchBenchOptions &o)
 	(void)sink;
 }
 
-void bench_add_remove(Report &rep, const MemwatchBenchOptions &o)
+void bench_add_remove(Report &rep, const Options &o)
 {
 	const size_t n = o.quick ? 512 : 2048;
 	Region r(n);
@@ -344,7 +344,7 @@ void bench_add_remove(Report &rep, const MemwatchBenchOptions &o)
 // mmap + munmap of a page nobody watches while @n watches exist elsewhere:
 // what every other unmap in the process pays for the mechanism. The ratio is
 // against the same loop with no mechanism at all.
-void bench_unwatched_munmap(Report &rep, const MemwatchBenchOptions &o)
+void bench_unwatched_munmap(Report &rep, const Options &o)
 {
 	const std::string g = "mmap + munmap of an unwatched page, watches elsewhere";
 	const std::string base = "none/" + count_name(0);
@@ -391,8 +391,8 @@ void bench_unwatched_munmap(Report &rep, const MemwatchBenchOptions &o)
 // munmap of a watched page, timed alone; then the unmapping thread asks the
 // cache at once. Any "still valid" answer is a stale registration handed out.
 template <class Setup, class Unmap, class Valid, class Teardown>
-Row watched_munmap_row(const MemwatchBenchOptions &o, size_t iters, const std::string &variant,
-		       Setup setup, Unmap unmap, Valid valid, Teardown teardown)
+Row watched_munmap_row(const Options &o, size_t iters, const std::string &variant, Setup setup,
+		       Unmap unmap, Valid valid, Teardown teardown)
 {
 	std::vector<double> samples;
 	size_t stale = 0;
@@ -418,7 +418,7 @@ Row watched_munmap_row(const MemwatchBenchOptions &o, size_t iters, const std::s
 			" checks right after munmap"};
 }
 
-void bench_watched_munmap(Report &rep, const MemwatchBenchOptions &o)
+void bench_watched_munmap(Report &rep, const Options &o)
 {
 	const std::string g = "munmap of a watched page", w = "1 watch";
 	const size_t iters = o.quick ? 300 : 1000;
@@ -467,8 +467,8 @@ void bench_watched_munmap(Report &rep, const MemwatchBenchOptions &o)
 
 // From the munmap call to the event applied by the thread that waits for it.
 template <class Setup, class Teardown>
-Spread delivery(const MemwatchBenchOptions &o, size_t iters, std::atomic<int64_t> &handled,
-		Setup setup, Teardown teardown)
+Spread delivery(const Options &o, size_t iters, std::atomic<int64_t> &handled, Setup setup,
+		Teardown teardown)
 {
 	std::vector<double> samples;
 	for (unsigned r = 0; r < o.reps; r++) {
@@ -490,7 +490,7 @@ Spread delivery(const MemwatchBenchOptions &o, size_t iters, std::atomic<int64_t
 	return spread_of(samples);
 }
 
-void bench_delivery(Report &rep, const MemwatchBenchOptions &o)
+void bench_delivery(Report &rep, const Options &o)
 {
 	const std::string g = "event delivery: munmap to the waiting thread", w = "1 watch";
 	const size_t iters = o.quick ? 100 : 400;
@@ -521,29 +521,16 @@ void bench_delivery(Report &rep, const MemwatchBenchOptions &o)
 
 } // namespace
 
-int memwatch_bench(const MemwatchBenchOptions &o)
+int memwatch_bench(const Options &o)
 {
 	Report rep("memwatch against a userfaultfd monitor and an interposed hook");
-	std::fprintf(stderr, "bench memwatch: %u repetitions per row%s\n", o.reps,
-		     o.quick ? " (quick)" : "");
-	const std::pair<const char *, void (*)(Report &, const MemwatchBenchOptions &)> parts[] = {
-		{"validity check", bench_check},
-		{"add + remove", bench_add_remove},
-		{"munmap elsewhere", bench_unwatched_munmap},
-		{"munmap of a watched page", bench_watched_munmap},
-		{"event delivery", bench_delivery},
-	};
-	for (auto [name, fn] : parts) {
-		auto t0 = std::chrono::steady_clock::now();
-		std::fprintf(stderr, "bench memwatch: %s ...", name);
-		fn(rep, o);
-		std::fprintf(stderr, " %.1f s\n",
-			     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-				     .count());
-	}
-	rep.print_markdown();
-	if (!o.csv.empty())
-		rep.write_csv(o.csv);
+	run_sections("memwatch", o.reps, o.quick,
+		     {{"validity check", [&] { bench_check(rep, o); }},
+		      {"add + remove", [&] { bench_add_remove(rep, o); }},
+		      {"munmap elsewhere", [&] { bench_unwatched_munmap(rep, o); }},
+		      {"munmap of a watched page", [&] { bench_watched_munmap(rep, o); }},
+		      {"event delivery", [&] { bench_delivery(rep, o); }}});
+	rep.finish(o.csv);
 	return 0;
 }
 

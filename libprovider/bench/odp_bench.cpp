@@ -2,7 +2,7 @@
 // On-Demand Paging against pinned memory on one device: registration cost by
 // size, and RDMA WRITE/READ bandwidth into ODP memory on first touch (with and
 // without the responder's fault-around) and in steady state.
-#include "odp_bench.hpp"
+#include "benches.hpp"
 #include "report.hpp"
 #include "verbs.hpp"
 
@@ -71,7 +71,7 @@ void touch(const verbs::Mapping &m)
 
 // Registration alone: deregistration (which waits for the MR's references to
 // drop) is done after the timed part.
-Spread time_reg(const OdpBenchOptions &o, ibv_pd *pd, void *addr, size_t len, unsigned access)
+Spread time_reg(const Options &o, ibv_pd *pd, void *addr, size_t len, unsigned access)
 {
 	std::vector<double> samples;
 	for (unsigned r = 0; r <= o.reps; r++) {
@@ -85,7 +85,7 @@ Spread time_reg(const OdpBenchOptions &o, ibv_pd *pd, void *addr, size_t len, un
 	return spread_of(samples);
 }
 
-void bench_registration(Report &rep, const OdpBenchOptions &o, ibv_pd *pd)
+void bench_registration(Report &rep, const Options &o, ibv_pd *pd)
 {
 	const std::string g = "registration (ibv_reg_mr)";
 	std::vector<size_t> sizes = {4UL << 10, 1UL << 20, 64UL << 20};
@@ -123,7 +123,7 @@ void move(verbs::LoopbackQp &qp, ibv_wr_opcode op, const ibv_mr *local, const ve
 	}
 }
 
-void bench_bandwidth(Report &rep, const OdpBenchOptions &o, ibv_context *ctx, ibv_pd *pd)
+void bench_bandwidth(Report &rep, const Options &o, ibv_context *ctx, ibv_pd *pd)
 {
 	const Traffic t{o.quick ? 16UL << 20 : 64UL << 20, 1UL << 20};
 	const double mib = double(t.total >> 20);
@@ -197,7 +197,7 @@ void bench_bandwidth(Report &rep, const OdpBenchOptions &o, ibv_context *ctx, ib
 // A QP whose peer keeps faulting must not hold up another QP of the device:
 // 4 KiB pinned writes on one QP, alone and while a second QP writes 1 MiB
 // messages into never-touched ODP memory with no fault-around.
-void bench_isolation(Report &rep, const OdpBenchOptions &o, ibv_context *ctx, ibv_pd *pd)
+void bench_isolation(Report &rep, const Options &o, ibv_context *ctx, ibv_pd *pd)
 {
 	const std::string g = "4 KiB pinned RDMA WRITE on one QP", w = "500 writes";
 	const size_t small = 4096, n = 500;
@@ -258,30 +258,17 @@ void bench_isolation(Report &rep, const OdpBenchOptions &o, ibv_context *ctx, ib
 
 } // namespace
 
-int odp_bench(const OdpBenchOptions &o)
+int odp_bench(const Options &o)
 {
 	verbs::Context ctx = verbs::open_device(o.device);
 	verbs::Pd pd = verbs::alloc_pd(ctx.get());
 	Report rep("On-Demand Paging against pinned memory on " +
 		   std::string(ibv_get_device_name(ctx->device)));
-	std::fprintf(stderr, "bench odp: %u repetitions per row%s\n", o.reps,
-		     o.quick ? " (quick)" : "");
-	auto t0 = std::chrono::steady_clock::now();
-	std::fprintf(stderr, "bench odp: registration ...");
-	bench_registration(rep, o, pd.get());
-	std::fprintf(stderr, " %.1f s\nbench odp: bandwidth ...",
-		     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-	t0 = std::chrono::steady_clock::now();
-	bench_bandwidth(rep, o, ctx.get(), pd.get());
-	std::fprintf(stderr, " %.1f s\nbench odp: isolation ...",
-		     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-	t0 = std::chrono::steady_clock::now();
-	bench_isolation(rep, o, ctx.get(), pd.get());
-	std::fprintf(stderr, " %.1f s\n",
-		     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-	rep.print_markdown();
-	if (!o.csv.empty())
-		rep.write_csv(o.csv);
+	run_sections("odp", o.reps, o.quick,
+		     {{"registration", [&] { bench_registration(rep, o, pd.get()); }},
+		      {"bandwidth", [&] { bench_bandwidth(rep, o, ctx.get(), pd.get()); }},
+		      {"isolation", [&] { bench_isolation(rep, o, ctx.get(), pd.get()); }}});
+	rep.finish(o.csv);
 	return 0;
 }
 

@@ -67,4 +67,26 @@ void Report::write_csv(const std::string &path) const
 			     r.note.c_str());
 }
 
+void Report::finish(const std::string &csv) const
+{
+	print_markdown();
+	if (!csv.empty())
+		write_csv(csv);
+}
+
+void run_sections(const char *bench, unsigned reps, bool quick,
+		  std::initializer_list<Section> sections)
+{
+	std::fprintf(stderr, "bench %s: %u repetitions per row%s\n", bench, reps,
+		     quick ? " (quick)" : "");
+	for (const auto &[what, run] : sections) {
+		auto t0 = std::chrono::steady_clock::now();
+		std::fprintf(stderr, "bench %s: %s ...", bench, what);
+		run();
+		std::fprintf(stderr, " %.1f s\n",
+			     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+				     .count());
+	}
+}
+
 } // namespace odpwatch::bench

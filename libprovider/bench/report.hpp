@@ -5,7 +5,10 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace odpwatch::bench
@@ -52,10 +55,18 @@ public:
 	double ratio(const Row &r) const;
 	void print_markdown() const;
 	void write_csv(const std::string &path) const;
+	// Prints the table, and writes the CSV too if csv names a file.
+	void finish(const std::string &csv) const;
 
 private:
 	std::string title_;
 	std::vector<Row> rows_;
 };
+
+// Runs the sections of benchmark @bench in order, telling stderr which runs
+// and how long it took: a long run shows its progress.
+using Section = std::pair<const char *, std::function<void()>>;
+void run_sections(const char *bench, unsigned reps, bool quick,
+		  std::initializer_list<Section> sections);
 
 } // namespace odpwatch::bench

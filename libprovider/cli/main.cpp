@@ -1,9 +1,7 @@
 // SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
 // odpwatch: one command-line tool, with subcommands.
-#include "cache_bench.hpp"
+#include "benches.hpp"
 #include "cli.hpp"
-#include "memwatch_bench.hpp"
-#include "odp_bench.hpp"
 #include "verbs.hpp"
 
 #include <cerrno>
@@ -75,11 +73,12 @@ int run_bench(const cli::Options &opt, int argc, char **argv)
 	}
 	if (!reps)
 		reps = quick ? 3 : 5;
+	const bench::Options o{opt.device, quick, uffd, reps, csv};
 	if (what == "odp")
-		return bench::odp_bench({opt.device, quick, reps, csv});
+		return bench::odp_bench(o);
 	if (what == "cache")
-		return bench::cache_bench({opt.device, quick, reps, csv});
-	return bench::memwatch_bench({quick, uffd, reps, csv});
+		return bench::cache_bench(o);
+	return bench::memwatch_bench(o);
 }
 
 } // namespace

@@ -1,0 +1,27 @@
+// SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
+// The benchmarks of `odpwatch bench`. Each prints a markdown table of ratios
+// against a baseline measured in the same run.
+#pragma once
+
+#include <string>
+
+namespace odpwatch::bench
+{
+
+struct Options {
+	std::string device; // empty: the first RDMA device
+	bool quick = false;
+	bool uffd = true; // memwatch: compare with a userfaultfd monitor
+	unsigned reps = 5;
+	std::string csv; // also write the rows here
+};
+
+// memwatch against a userfaultfd monitor and an interposed munmap hook;
+// throws verbs::Error when memwatch is missing.
+int memwatch_bench(const Options &o);
+// ODP against pinned memory; needs root for the fault-around parameter.
+int odp_bench(const Options &o);
+// The registration cache's policies: hits, misses, reuse, MPI-like workload.
+int cache_bench(const Options &o);
+
+} // namespace odpwatch::bench
