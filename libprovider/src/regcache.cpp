@@ -252,21 +252,33 @@ void RegCache::evict(Graveyard &dead)
 	over_limit_ = over();
 }
 
+// Under the exclusive lock: true if e was stale and is now out of the cache.
+bool RegCache::drop_if_stale(Entry *e, Graveyard &dead)
+{
+	if (fresh(e))
+		return false;
+	invalidate(e, dead);
+	invalidations_++;
+	return true;
+}
+
+// A hit: a reference and a use, under either lock.
+RegCache::Entry *RegCache::take(Entry *e)
+{
+	e->refs++;
+	e->last_use = ++clock_;
+	hits_++;
+	return e;
+}
+
 size_t RegCache::process_events_locked(Graveyard &dead)
 {
 	if (!mw_)
 		return 0;
 	size_t n = 0;
-	auto drop = [&](Entry *e) {
-		if (!fresh(e)) {
-			invalidate(e, dead);
-			invalidations_++;
-			n++;
-		}
-	};
 	while (auto ev = mw_->next_event())
 		if (auto it = by_watch_.find(ev->id); it != by_watch_.end())
-			drop(it->second);
+			n += drop_if_stale(it->second, dead);
 	if (mw_->overflowed()) {
 		// Events were lost, generation words never are: check them all.
 		mw_->clear_overflow();
@@ -274,7 +286,7 @@ size_t RegCache::process_events_locked(Graveyard &dead)
 		for (auto &[id, e] : by_watch_)
 			all.push_back(e);
 		for (Entry *e : all)
-			drop(e);
+			n += drop_if_stale(e, dead);
 	}
 	return n;
 }
@@ -298,12 +310,8 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 
 	{
 		std::shared_lock lock(mu_);
-		if (Entry *e = lookup(k); e && fresh(e)) {
-			e->refs++;
-			e->last_use = ++clock_;
-			hits_++;
-			return e;
-		}
+		if (Entry *e = lookup(k); e && fresh(e))
+			return take(e);
 	}
 
 	Graveyard dead(*this); // declared first: destroys after the lock is gone
@@ -314,17 +322,10 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 			std::unique_lock lock(mu_);
 			process_events_locked(dead);
 			Entry *e = lookup(k);
-			if (e && !fresh(e)) {
-				invalidate(e, dead);
-				invalidations_++;
+			if (e && drop_if_stale(e, dead))
 				e = nullptr;
-			}
 			if (e) {
-				// Another thread registered it meanwhile.
-				e->refs++;
-				e->last_use = ++clock_;
-				hits_++;
-				result = e;
+				result = take(e); // another thread registered it meanwhile
 			} else if (fresh_entry && fresh(fresh_entry.get())) {
 				result = fresh_entry.get();
 				result->refs = 1;

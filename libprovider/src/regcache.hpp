@@ -89,6 +89,8 @@ private:
 	Policy resolve(ibv_pd *pd);
 	std::unique_ptr<Entry> make_entry(const Key &k, Policy policy);
 	void invalidate(Entry *e, Graveyard &dead);
+	bool drop_if_stale(Entry *e, Graveyard &dead);
+	Entry *take(Entry *e);
 	void evict(Graveyard &dead);
 	size_t process_events_locked(Graveyard &dead);
 	void destroy(std::unique_ptr<Entry> e) noexcept;
