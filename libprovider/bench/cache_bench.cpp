@@ -2,17 +2,21 @@
 // The registration cache (odpwatch/regcache.h) under its three policies on
 // one device, through the C ABI an MPI library would use.
 #include "benches.hpp"
+#include "cache_workloads.hpp"
 #include "report.hpp"
 #include "verbs.hpp"
 
 #include <odpwatch/regcache.h>
 
+#include <fcntl.h>
+#include <libgen.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -40,14 +44,6 @@ Cache make_cache(int policy)
 	return Cache(c);
 }
 
-void get_put(odpwatch_cache *c, ibv_pd *pd, void *addr, size_t len)
-{
-	odpwatch_cache_reg *reg = nullptr;
-	if (int rc = odpwatch_cache_get(c, pd, addr, len, kAccess, &reg))
-		throw verbs::Error("odpwatch_cache_get", -rc);
-	odpwatch_cache_put(c, reg);
-}
-
 odpwatch_cache_stats stats(odpwatch_cache *c)
 {
 	odpwatch_cache_stats s{};
@@ -60,42 +56,42 @@ std::string name(int policy)
 	return odpwatch_cache_policy_name(policy);
 }
 
-// Slots at fixed addresses, so a freed buffer's successor lands where it was.
-void *slot(size_t i)
+// Our cache under one policy, as the shared workloads see it.
+class OurCache final : public CacheUnderTest
 {
-	return reinterpret_cast<void *>((uintptr_t{5} << 40) + i * (uintptr_t{1} << 22));
-}
-
-std::vector<verbs::Mapping> buffers(size_t n, size_t len)
-{
-	std::vector<verbs::Mapping> v;
-	for (size_t i = 0; i < n; i++) {
-		v.emplace_back(len, slot(i));
-		std::memset(v.back().data(), 1, len);
+public:
+	OurCache(int policy, ibv_pd *pd) : c_(make_cache(policy)), policy_(policy), pd_(pd) {}
+	std::string name() const override { return odpwatch_cache_policy_name(policy_); }
+	CacheHit get(void *addr, size_t len) override
+	{
+		odpwatch_cache_reg *reg = nullptr;
+		if (int rc = odpwatch_cache_get(c_.get(), pd_, addr, len, kAccess, &reg))
+			throw verbs::Error("odpwatch_cache_get", -rc);
+		return {reg, odpwatch_cache_reg_mr(reg)->lkey};
 	}
-	return v;
-}
-
-// Hit path: every buffer cached; get + put of each. The explicit ODP row is
-// the same lookup without the memwatch check: the baseline for it.
-void bench_hits(Report &rep, const Options &o, ibv_pd *pd)
-{
-	const size_t n = 64, len = 64 << 10, rounds = o.quick ? 20 : 100;
-	const std::string g = "hit: get + put of a cached 64 KiB buffer",
-			  w = std::to_string(n) + " buffers", base = "explicit-odp/" + w;
-	auto bufs = buffers(n, len);
-	for (int p : kPolicies) {
-		Cache c = make_cache(p);
-		auto s = measure(o.reps, double(n * rounds), [&] {
-			for (size_t r = 0; r < rounds; r++)
-				for (auto &b : bufs)
-					get_put(c.get(), pd, b.data(), len);
-		});
-		const char *note = p == ODPWATCH_CACHE_PINNED	      ? "map lookup + memwatch load"
-				   : p == ODPWATCH_CACHE_EXPLICIT_ODP ? "map lookup"
-								      : "one MR per PD";
-		rep.add({g, w, name(p), s, base, note});
+	void put(CacheHit h) override
+	{
+		odpwatch_cache_put(c_.get(), static_cast<odpwatch_cache_reg *>(h.handle));
 	}
+	bool pins_pages() const override { return policy_ == ODPWATCH_CACHE_PINNED; }
+	std::string how() const override
+	{
+		return pins_pages() ? "memwatch: the range's word changes before munmap returns"
+				    : "ODP: the MR follows the mapping, nothing to invalidate";
+	}
+	odpwatch_cache *get_cache() const { return c_.get(); }
+
+private:
+	Cache c_;
+	int policy_;
+	ibv_pd *pd_;
+};
+
+const char *hit_note(int policy)
+{
+	return policy == ODPWATCH_CACHE_PINNED	       ? "map lookup + memwatch load"
+	       : policy == ODPWATCH_CACHE_EXPLICIT_ODP ? "map lookup"
+						       : "one MR per PD";
 }
 
 // Miss: a buffer the cache has not seen, registered on get.
@@ -112,12 +108,12 @@ void bench_misses(Report &rep, const Options &o, ibv_pd *pd)
 			std::vector<double> samples;
 			uint64_t regs = 0;
 			for (unsigned r = 0; r <= o.reps; r++) {
-				Cache c = make_cache(p); // empty: every get misses
+				OurCache c(p, pd); // empty: every get misses
 				auto t0 = std::chrono::steady_clock::now();
 				for (auto &b : bufs)
-					get_put(c.get(), pd, b.data(), len);
+					c.put(c.get(b.data(), len));
 				auto t1 = std::chrono::steady_clock::now();
-				regs = stats(c.get()).registrations;
+				regs = stats(c.get_cache()).registrations;
 				if (r)
 					samples.push_back(
 						std::chrono::duration<double, std::nano>(t1 - t0)
@@ -130,75 +126,73 @@ void bench_misses(Report &rep, const Options &o, ibv_pd *pd)
 	}
 }
 
-// A cached buffer is freed and another mapped at its address, then used.
-void bench_reuse(Report &rep, const Options &o, ibv_pd *pd)
+// What the reuse rows are against: the unmap, map and first touch alone.
+void bench_reuse_baseline(Report &rep, const Options &o)
 {
 	const size_t n = o.quick ? 16 : 64, len = 64 << 10;
-	const std::string g = "free + new buffer at the same address + get + put (64 KiB)",
-			  w = std::to_string(n) + " buffers", base = "no cache/" + w;
+	const std::string w = std::to_string(n) + " buffers";
 	auto bufs = buffers(n, len);
-	auto remap = [&](size_t i) {
-		bufs[i].unmap();
-		bufs[i] = verbs::Mapping(len, slot(i));
-		std::memset(bufs[i].data(), 2, len);
-	};
-	rep.add({g, w, "no cache",
+	rep.add({kReuseGroup, w, "no cache",
 		 measure(o.reps, double(n),
 			 [&] {
-				 for (size_t i = 0; i < n; i++)
-					 remap(i);
+				 for (size_t i = 0; i < n; i++) {
+					 void *at = bufs[i].data();
+					 bufs[i].unmap();
+					 bufs[i] = verbs::Mapping(len, at);
+					 std::memset(bufs[i].data(), 2, len);
+				 }
 			 }),
-		 base, "munmap + mmap + memset alone"});
-	for (int p : kPolicies) {
-		Cache c = make_cache(p);
-		for (auto &b : bufs)
-			get_put(c.get(), pd, b.data(), len);
-		auto s = measure(o.reps, double(n), [&] {
-			for (size_t i = 0; i < n; i++) {
-				remap(i);
-				get_put(c.get(), pd, bufs[i].data(), len);
-			}
-		});
-		auto st = stats(c.get());
-		rep.add({g, w, name(p), s, base,
-			 std::to_string(st.invalidations) + " stale found, " +
-				 std::to_string(st.registrations) + " registrations in all"});
-	}
+		 "no cache/" + w, "munmap + mmap + memset alone"});
 }
 
-// MPI-like: 128 buffers of 4 KiB .. 1 MiB used over and over; now and then
-// one is freed and a new one takes its place. The same seeded sequence for
-// every policy.
-void bench_workload(Report &rep, const Options &o, ibv_pd *pd)
+// The peers run in their own processes (odpwatch-cache-peers, installed
+// beside us): UCX's and libfabric's hooks patch the same libc functions and
+// must not meet in one process, nor meet ours.
+void run_peer(Report &rep, const Options &o, const char *peer)
 {
-	const size_t n = 128, ops = o.quick ? 2000 : 10000;
-	const std::string g = "MPI-like: 128 buffers (4 KiB..1 MiB), 5% freed and reallocated",
-			  w = std::to_string(ops) + " messages", base = "pinned+memwatch/" + w;
-	auto len_of = [](size_t i) { return size_t{4096} << (i % 9); };
-	for (int p : kPolicies) {
-		std::vector<verbs::Mapping> bufs;
-		for (size_t i = 0; i < n; i++)
-			bufs.emplace_back(len_of(i), slot(i));
-		Cache c = make_cache(p);
-		std::mt19937 rng(12345);
-		auto s = measure(o.reps, double(ops), [&] {
-			for (size_t k = 0; k < ops; k++) {
-				size_t i = rng() % n;
-				if (rng() % 100 < 5) {
-					bufs[i].unmap();
-					bufs[i] = verbs::Mapping(len_of(i), slot(i));
-				}
-				get_put(c.get(), pd, bufs[i].data(), len_of(i));
-			}
-		});
-		auto st = stats(c.get());
-		const double total = double(st.hits + st.misses);
-		char note[128];
-		std::snprintf(note, sizeof(note), "hit rate %.1f%%, %lu registrations",
-			      total ? 100.0 * double(st.hits) / total : 0.0,
-			      (unsigned long)st.registrations);
-		rep.add({g, w, name(p), s, base, note});
+	char self[4096];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	if (n <= 0)
+		throw verbs::Error("readlink /proc/self/exe", errno);
+	self[n] = 0;
+	std::string exe = std::string(dirname(self)) + "/odpwatch-cache-peers";
+	if (access(exe.c_str(), X_OK)) {
+		rep.remark("Peer " + std::string(peer) + " not measured: " + exe +
+			   " is not installed (built only where UCX and libfabric are).");
+		return;
 	}
+	std::vector<std::string> args = {exe, peer, "--reps", std::to_string(o.reps)};
+	if (o.quick)
+		args.push_back("--quick");
+	if (!o.device.empty())
+		args.insert(args.end(), {"--device", o.device});
+	int fd[2];
+	if (pipe2(fd, O_CLOEXEC))
+		throw verbs::Error("pipe2", errno);
+	pid_t pid = fork();
+	if (pid < 0)
+		throw verbs::Error("fork", errno);
+	if (pid == 0) {
+		dup2(fd[1], STDOUT_FILENO);
+		std::vector<char *> argv;
+		for (auto &a : args)
+			argv.push_back(a.data());
+		argv.push_back(nullptr);
+		execv(exe.c_str(), argv.data());
+		_exit(127);
+	}
+	close(fd[1]);
+	FILE *rows = fdopen(fd[0], "r");
+	rep.read_rows(rows);
+	std::fclose(rows);
+	int status = 0;
+	waitpid(pid, &status, 0);
+	if (!WIFEXITED(status) || WEXITSTATUS(status))
+		rep.remark("Peer " + std::string(peer) + " did not finish (" +
+			   (WIFSIGNALED(status)
+				    ? std::string("killed by ") + strsignal(WTERMSIG(status))
+				    : "exit status " + std::to_string(WEXITSTATUS(status))) +
+			   "); its rows, if any, are what it measured before.");
 }
 
 } // namespace
@@ -208,12 +202,41 @@ int cache_bench(const Options &o)
 	verbs::Context ctx = verbs::open_device(o.device);
 	verbs::Pd pd = verbs::alloc_pd(ctx.get());
 	Report rep("Registration cache policies on " +
-		   std::string(ibv_get_device_name(ctx->device)));
+		   std::string(ibv_get_device_name(ctx->device)) +
+		   ", beside UCX's ucs_rcache and libfabric's MR cache");
+	auto each_policy = [&](auto &&body) {
+		for (int p : kPolicies) {
+			OurCache c(p, pd.get());
+			body(c, p);
+		}
+	};
 	run_sections("cache", o.reps, o.quick,
-		     {{"hit path", [&] { bench_hits(rep, o, pd.get()); }},
+		     {{"hit path",
+		       [&] {
+			       each_policy([&](OurCache &c, int p) {
+				       bench_hits(rep, o, c, hit_note(p));
+			       });
+		       }},
 		      {"misses", [&] { bench_misses(rep, o, pd.get()); }},
-		      {"freed and reused buffers", [&] { bench_reuse(rep, o, pd.get()); }},
-		      {"MPI-like workload", [&] { bench_workload(rep, o, pd.get()); }}});
+		      {"freed and reused buffers",
+		       [&] {
+			       bench_reuse_baseline(rep, o);
+			       each_policy([&](OurCache &c, int) { bench_reuse(rep, o, c); });
+		       }},
+		      {"MPI-like workload",
+		       [&] { each_policy([&](OurCache &c, int) { bench_workload(rep, o, c); }); }},
+		      {"stale registrations, five ways to free",
+		       [&] {
+			       each_policy([&](OurCache &c, int) {
+				       if (c.pins_pages())
+					       bench_stale(rep, o, c);
+			       });
+		       }},
+		      {"peers: UCX ucs_rcache + ucm hooks", [&] { run_peer(rep, o, "ucx"); }},
+		      {"peers: libfabric MR cache, memhooks",
+		       [&] { run_peer(rep, o, "libfabric-memhooks"); }},
+		      {"peers: libfabric MR cache, userfaultfd",
+		       [&] { run_peer(rep, o, "libfabric-uffd"); }}});
 	rep.finish(o.csv);
 	return 0;
 }

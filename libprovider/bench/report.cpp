@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <string>
 
 namespace odpwatch::bench
 {
@@ -34,20 +36,28 @@ double Report::ratio(const Row &r) const
 void Report::print_markdown() const
 {
 	std::printf("## %s\n", title_.c_str());
-	std::string group;
-	for (const Row &r : rows_) {
-		if (r.group != group) {
-			group = r.group;
-			std::printf("\n### %s\n\n", group.c_str());
-			std::printf(
-				"| variant | work | ns/op median | min | max | reps | ratio | vs "
-				"| note |\n|---|---|---:|---:|---:|---:|---:|---|---|\n");
+	for (const std::string &r : remarks_)
+		std::printf("\n%s\n", r.c_str());
+	// One table per group, in the order groups first appear: rows of one
+	// group may come from several sources (our cache, then each peer).
+	std::vector<std::string> groups;
+	for (const Row &r : rows_)
+		if (std::find(groups.begin(), groups.end(), r.group) == groups.end())
+			groups.push_back(r.group);
+	for (const std::string &group : groups) {
+		std::printf("\n### %s\n\n", group.c_str());
+		std::printf("| variant | work | ns/op median | min | max | reps | ratio | vs "
+			    "| note |\n|---|---|---:|---:|---:|---:|---:|---|---|\n");
+		for (const Row &r : rows_) {
+			if (r.group != group)
+				continue;
+			double q = ratio(r);
+			std::printf("| %s | %s | %.0f | %.0f | %.0f | %u | %s | %s | %s |\n",
+				    r.variant.c_str(), r.param.c_str(), r.ns.median, r.ns.min,
+				    r.ns.max, r.ns.reps,
+				    q > 0 ? (std::to_string(q).substr(0, 5) + "x").c_str() : "",
+				    r.baseline.c_str(), r.note.c_str());
 		}
-		double q = ratio(r);
-		std::printf("| %s | %s | %.0f | %.0f | %.0f | %u | %s | %s | %s |\n",
-			    r.variant.c_str(), r.param.c_str(), r.ns.median, r.ns.min, r.ns.max,
-			    r.ns.reps, q > 0 ? (std::to_string(q).substr(0, 5) + "x").c_str() : "",
-			    r.baseline.c_str(), r.note.c_str());
 	}
 	std::printf("\n");
 	std::fflush(stdout);
@@ -65,6 +75,46 @@ void Report::write_csv(const std::string &path) const
 			     r.group.c_str(), r.param.c_str(), r.variant.c_str(), r.ns.reps,
 			     r.ns.min, r.ns.median, r.ns.max, ratio(r), r.baseline.c_str(),
 			     r.note.c_str());
+}
+
+void Report::write_rows(FILE *f, size_t from) const
+{
+	for (size_t i = from; i < rows_.size(); i++) {
+		const Row &r = rows_[i];
+		std::fprintf(f, "%s\t%s\t%s\t%u\t%.17g\t%.17g\t%.17g\t%s\t%s\n", r.group.c_str(),
+			     r.param.c_str(), r.variant.c_str(), r.ns.reps, r.ns.min, r.ns.median,
+			     r.ns.max, r.baseline.c_str(), r.note.c_str());
+	}
+	std::fflush(f);
+}
+
+void Report::read_rows(FILE *f)
+{
+	char *line = nullptr;
+	size_t cap = 0;
+	ssize_t n;
+	while ((n = getline(&line, &cap, f)) > 0) {
+		std::vector<std::string> field;
+		std::string s(line, size_t(n));
+		if (s.back() == '\n')
+			s.pop_back();
+		for (size_t at = 0;;) {
+			size_t tab = s.find('\t', at);
+			field.push_back(s.substr(at, tab - at));
+			if (tab == std::string::npos)
+				break;
+			at = tab + 1;
+		}
+		if (field.size() != 9)
+			continue; // not a row: the peer's own chatter
+		Row r{field[0], field[1], field[2], {}, field[7], field[8]};
+		r.ns.reps = unsigned(std::stoul(field[3]));
+		r.ns.min = std::stod(field[4]);
+		r.ns.median = std::stod(field[5]);
+		r.ns.max = std::stod(field[6]);
+		add(std::move(r));
+	}
+	std::free(line);
 }
 
 void Report::finish(const std::string &csv) const

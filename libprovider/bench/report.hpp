@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <initializer_list>
 #include <string>
@@ -51,6 +52,13 @@ class Report
 public:
 	explicit Report(std::string title) : title_(std::move(title)) {}
 	void add(Row r) { rows_.push_back(std::move(r)); }
+	// A sentence printed under the title, e.g. a peer that could not run.
+	void remark(std::string s) { remarks_.push_back(std::move(s)); }
+	// The rows as tab-separated lines, for a benchmark run in another
+	// process (peers that must not share one), and reading them back.
+	void write_rows(FILE *f, size_t from = 0) const;
+	size_t size() const { return rows_.size(); }
+	void read_rows(FILE *f);
 	// Median ratio against the row named by r.baseline; 0 if not found.
 	double ratio(const Row &r) const;
 	void print_markdown() const;
@@ -61,6 +69,7 @@ public:
 private:
 	std::string title_;
 	std::vector<Row> rows_;
+	std::vector<std::string> remarks_;
 };
 
 // Runs the sections of benchmark @bench in order, telling stderr which runs

@@ -1,0 +1,257 @@
+// SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
+#include "cache_workloads.hpp"
+
+#include "verbs.hpp"
+
+#include <malloc.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <vector>
+
+namespace odpwatch::bench
+{
+
+const char *const kHitGroup = "hit: get + put of a cached 64 KiB buffer";
+const char *const kReuseGroup = "free + new buffer at the same address + get + put (64 KiB)";
+const char *const kWorkloadGroup = "MPI-like: 128 buffers (4 KiB..1 MiB), 5% freed and reallocated";
+
+void *slot(size_t i)
+{
+	return reinterpret_cast<void *>((uintptr_t{5} << 40) + i * (uintptr_t{1} << 22));
+}
+
+std::vector<verbs::Mapping> buffers(size_t n, size_t len)
+{
+	std::vector<verbs::Mapping> v;
+	for (size_t i = 0; i < n; i++) {
+		v.emplace_back(len, slot(i));
+		std::memset(v.back().data(), 1, len);
+	}
+	return v;
+}
+
+namespace
+{
+
+void get_put(CacheUnderTest &c, void *addr, size_t len)
+{
+	c.put(c.get(addr, len));
+}
+
+double ns_since(std::chrono::steady_clock::time_point t0)
+{
+	return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0)
+		.count();
+}
+
+} // namespace
+
+void bench_hits(Report &rep, const Options &o, CacheUnderTest &c, const std::string &note)
+{
+	const size_t n = 64, len = 64 << 10, rounds = o.quick ? 20 : 100;
+	const std::string w = std::to_string(n) + " buffers";
+	auto bufs = buffers(n, len);
+	auto s = measure(o.reps, double(n * rounds), [&] {
+		for (size_t r = 0; r < rounds; r++)
+			for (auto &b : bufs)
+				get_put(c, b.data(), len);
+	});
+	rep.add({kHitGroup, w, c.name(), s, "explicit-odp/" + w, note});
+}
+
+void bench_reuse(Report &rep, const Options &o, CacheUnderTest &c)
+{
+	const size_t n = o.quick ? 16 : 64, len = 64 << 10;
+	const std::string w = std::to_string(n) + " buffers";
+	auto bufs = buffers(n, len);
+	std::vector<uint32_t> keys(n); // of each buffer's last registration
+	for (size_t i = 0; i < n; i++) {
+		CacheHit h = c.get(bufs[i].data(), len);
+		keys[i] = h.key;
+		c.put(h);
+	}
+	uint64_t stale = 0, uses = 0;
+	auto s = measure(o.reps, double(n), [&] {
+		for (size_t i = 0; i < n; i++) {
+			bufs[i].unmap();
+			bufs[i] = verbs::Mapping(len, slot(i));
+			std::memset(bufs[i].data(), 2, len);
+			CacheHit h = c.get(bufs[i].data(), len);
+			stale += c.pins_pages() && h.key == keys[i];
+			keys[i] = h.key;
+			uses++;
+			c.put(h);
+		}
+	});
+	rep.add({kReuseGroup, w, c.name(), s, "no cache/" + w,
+		 c.pins_pages() ? std::to_string(stale) + " of " + std::to_string(uses) +
+					  " stale registrations handed out; " + c.how()
+				: c.how()});
+}
+
+void bench_workload(Report &rep, const Options &o, CacheUnderTest &c)
+{
+	const size_t n = 128, ops = o.quick ? 2000 : 10000;
+	const std::string w = std::to_string(ops) + " messages";
+	auto len_of = [](size_t i) { return size_t{4096} << (i % 9); };
+	std::vector<verbs::Mapping> bufs;
+	for (size_t i = 0; i < n; i++)
+		bufs.emplace_back(len_of(i), slot(i));
+	std::mt19937 rng(12345);
+	uint64_t frees = 0;
+	auto s = measure(o.reps, double(ops), [&] {
+		for (size_t k = 0; k < ops; k++) {
+			size_t i = rng() % n;
+			if (rng() % 100 < 5) {
+				bufs[i].unmap();
+				bufs[i] = verbs::Mapping(len_of(i), slot(i));
+				frees++;
+			}
+			get_put(c, bufs[i].data(), len_of(i));
+		}
+	});
+	rep.add({kWorkloadGroup, w, c.name(), s, "pinned+memwatch/" + w,
+		 std::to_string(frees / (o.reps + 1)) + " frees per rep; " + c.how()});
+}
+
+namespace
+{
+
+// One way an application (or its runtime) lets go of a buffer and gets a
+// new one at the same address. replace() returns the new buffer's address.
+// Mapped buffers live at fixed slots: a hole left by munmap at the top of
+// the mmap area would be taken by the next anonymous mapping anyone makes
+// (a hook's own allocation, say) before ours.
+struct FreeMethod {
+	const char *name;
+	std::function<void *(size_t i, size_t len)> alloc;
+	std::function<void *(void *p, size_t len)> replace;
+	std::function<void(void *p, size_t len)> release;
+};
+
+void *map_at(void *hint, size_t len)
+{
+	int flags = MAP_PRIVATE | MAP_ANONYMOUS | (hint ? MAP_FIXED_NOREPLACE : 0);
+	void *p = mmap(hint, len, PROT_READ | PROT_WRITE, flags, -1, 0);
+	if (p == MAP_FAILED)
+		throw verbs::Error("mmap", errno);
+	return p;
+}
+
+std::vector<FreeMethod> free_methods()
+{
+	// glibc serves these sizes with mmap and unmaps them in free(); a fixed
+	// threshold keeps it from moving them onto the heap after the first free.
+	mallopt(M_MMAP_THRESHOLD, 128 << 10);
+	auto unmap = [](void *p, size_t len) { munmap(p, len); };
+	auto at_slot = [](size_t i, size_t len) { return map_at(slot(i), len); };
+	return {
+		{"munmap() + mmap()", at_slot,
+		 [](void *p, size_t len) {
+			 munmap(p, len);
+			 return map_at(p, len);
+		 },
+		 unmap},
+		{"free() + malloc() (glibc unmaps the chunk inside free)",
+		 [](size_t, size_t len) {
+			 void *p = std::malloc(len);
+			 if (!p)
+				 throw verbs::Error("malloc", ENOMEM);
+			 return p;
+		 },
+		 [](void *p, size_t len) {
+			 std::free(p);
+			 void *q = std::malloc(len);
+			 if (!q)
+				 throw verbs::Error("malloc", ENOMEM);
+			 return q;
+		 },
+		 [](void *p, size_t) { std::free(p); }},
+		{"munmap system call made directly + mmap() (as a runtime such as Go's does)",
+		 at_slot,
+		 [](void *p, size_t len) {
+			 syscall(SYS_munmap, p, len);
+			 return map_at(p, len);
+		 },
+		 unmap},
+		{"madvise(MADV_DONTNEED): new pages at the same address", at_slot,
+		 [](void *p, size_t len) {
+			 madvise(p, len, MADV_DONTNEED);
+			 return p;
+		 },
+		 unmap},
+		{"mremap() the buffer away + mmap() at its old address", at_slot,
+		 [](void *p, size_t len) {
+			 // Moved 4 GiB up, clear of the slots (a move to the same size
+			 // would not happen without a destination), and dropped at once:
+			 // only the old address matters.
+			 void *away = mremap(p, len, len, MREMAP_MAYMOVE | MREMAP_FIXED,
+					     static_cast<char *>(p) + (uintptr_t{1} << 32));
+			 if (away == MAP_FAILED)
+				 throw verbs::Error("mremap", errno);
+			 void *q = map_at(p, len);
+			 munmap(away, len);
+			 return q;
+		 },
+		 unmap},
+	};
+}
+
+} // namespace
+
+void bench_stale(Report &rep, const Options &o, CacheUnderTest &c,
+		 const std::function<void(const std::string &group)> &starting)
+{
+	const size_t n = o.quick ? 8 : 32, len = 1 << 20;
+	const std::string w = std::to_string(n) + " buffers of 1 MiB";
+	for (const FreeMethod &m : free_methods()) {
+		const std::string group = std::string("stale? ") + m.name;
+		if (starting)
+			starting(group);
+		std::vector<double> samples;
+		uint64_t stale = 0, checked = 0, moved = 0;
+		for (unsigned r = 0; r < o.reps; r++) {
+			std::vector<void *> bufs(n);
+			std::vector<uint32_t> keys(n);
+			for (size_t i = 0; i < n; i++) {
+				bufs[i] = m.alloc(i, len);
+				std::memset(bufs[i], 1, len);
+				CacheHit h = c.get(bufs[i], len);
+				keys[i] = h.key;
+				c.put(h);
+			}
+			auto t0 = std::chrono::steady_clock::now();
+			for (size_t i = 0; i < n; i++) {
+				void *p = m.replace(bufs[i], len);
+				std::memset(p, 2, len);
+				CacheHit h = c.get(p, len);
+				if (p != bufs[i]) {
+					moved++; // not the classic failure: nothing to judge
+				} else {
+					checked++;
+					stale += h.key == keys[i];
+				}
+				c.put(h);
+				bufs[i] = p;
+			}
+			samples.push_back(ns_since(t0) / double(n));
+			for (void *p : bufs)
+				m.release(p, len);
+		}
+		std::string note = std::to_string(stale) + " of " + std::to_string(checked) +
+				   " stale registrations handed out";
+		if (moved)
+			note += " (" + std::to_string(moved) + " new buffers landed elsewhere)";
+		rep.add({group, w, c.name(), spread_of(samples), "pinned+memwatch/" + w, note});
+	}
+}
+
+} // namespace odpwatch::bench

@@ -1,0 +1,21 @@
+// SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
+// The registration caches ours is measured against, behind the workloads'
+// interface. Each runs in a process of its own (odpwatch-cache-peers).
+#pragma once
+
+#include "cache_workloads.hpp"
+
+#include <memory>
+#include <string>
+
+namespace odpwatch::bench
+{
+
+// UCX's ucs_rcache, told of unmaps by ucm's hooks in libc.
+std::unique_ptr<CacheUnderTest> make_ucx_rcache(const std::string &device);
+// libfabric's MR cache inside its verbs provider; @monitor is what
+// FI_MR_CACHE_MONITOR names: "memhooks" or "userfaultfd".
+std::unique_ptr<CacheUnderTest> make_libfabric_cache(const std::string &device,
+						     const std::string &monitor);
+
+} // namespace odpwatch::bench
