@@ -1,12 +1,16 @@
 // SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
 // On-Demand Paging against pinned memory on one device: registration cost by
-// size, and RDMA WRITE/READ bandwidth into ODP memory on first touch (with and
-// without the responder's fault-around) and in steady state.
+// size; RDMA WRITE/READ and SEND bandwidth into ODP memory on first touch
+// (with and without the responder's fault-around) and in steady state; a
+// faulting QP beside a quiet one; perftest's own tools with and without --odp.
 #include "benches.hpp"
 #include "report.hpp"
 #include "verbs.hpp"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -132,10 +136,11 @@ void bench_bandwidth(Report &rep, const Options &o, ibv_context *ctx, ibv_pd *pd
 	touch(lbuf);
 	verbs::Mr local = verbs::reg_mr(pd, lbuf.data(), t.total, kRemote);
 
-	for (auto [op, name] : {std::pair{IBV_WR_RDMA_WRITE, "RDMA WRITE"},
-				std::pair{IBV_WR_RDMA_READ, "RDMA READ"}}) {
-		const std::string g = std::string(name) + " into the responder's memory, " +
-				      size_name(t.msg) + " messages";
+	for (auto [op, name] :
+	     {std::pair{IBV_WR_RDMA_WRITE, "RDMA WRITE into the responder's memory"},
+	      std::pair{IBV_WR_RDMA_READ, "RDMA READ of the responder's memory"},
+	      std::pair{IBV_WR_SEND, "SEND into the responder's receive buffer"}}) {
+		const std::string g = std::string(name) + ", " + size_name(t.msg) + " messages";
 		const std::string w = size_name(t.total) + " per rep", base = "pinned/" + w;
 		{
 			verbs::Mapping r(t.total);
@@ -256,6 +261,104 @@ void bench_isolation(Report &rep, const Options &o, ibv_context *ctx, ibv_pd *pd
 		 std::to_string(faulting_mib.load()) + " MiB faulted in meanwhile"});
 }
 
+// Runs @argv with stdout (and stderr) into a pipe; returns the pid.
+pid_t spawn(std::vector<std::string> argv, int *out_fd)
+{
+	int fd[2];
+	if (pipe2(fd, O_CLOEXEC))
+		throw verbs::Error("pipe2", errno);
+	pid_t pid = fork();
+	if (pid < 0)
+		throw verbs::Error("fork", errno);
+	if (pid == 0) {
+		dup2(fd[1], STDOUT_FILENO);
+		dup2(fd[1], STDERR_FILENO);
+		std::vector<char *> args;
+		for (auto &a : argv)
+			args.push_back(a.data());
+		args.push_back(nullptr);
+		execvp(args[0], args.data());
+		_exit(127);
+	}
+	close(fd[1]);
+	*out_fd = fd[0];
+	return pid;
+}
+
+std::string read_all(int fd)
+{
+	std::string s;
+	char buf[4096];
+	ssize_t n;
+	while ((n = read(fd, buf, sizeof(buf))) > 0)
+		s.append(buf, size_t(n));
+	close(fd);
+	return s;
+}
+
+// One perftest run between two processes on the device: the average
+// bandwidth (perftest's MB/sec) from the client's result line.
+double perftest_once(const std::string &tool, const std::vector<std::string> &args)
+{
+	int sfd = -1, cfd = -1;
+	pid_t server = spawn(
+		[&] {
+			std::vector<std::string> v = {tool};
+			v.insert(v.end(), args.begin(), args.end());
+			return v;
+		}(),
+		&sfd);
+	// The server needs a moment to listen; perftest's client does not retry.
+	std::this_thread::sleep_for(std::chrono::seconds(1));
+	std::vector<std::string> v = {tool};
+	v.insert(v.end(), args.begin(), args.end());
+	v.push_back("127.0.0.1");
+	pid_t client = spawn(v, &cfd);
+	std::string out = read_all(cfd);
+	int cst = 0, sst = 0;
+	waitpid(client, &cst, 0);
+	std::string sout = read_all(sfd);
+	waitpid(server, &sst, 0);
+	// The result line follows the "#bytes" header: bytes, iterations, peak
+	// and average bandwidth, message rate.
+	size_t at = out.find("#bytes");
+	if (at != std::string::npos)
+		at = out.find('\n', at);
+	unsigned long bytes = 0, iters = 0;
+	double peak = 0, avg = 0;
+	if (!WIFEXITED(cst) || WEXITSTATUS(cst) || at == std::string::npos ||
+	    std::sscanf(out.c_str() + at, "%lu %lu %lf %lf", &bytes, &iters, &peak, &avg) != 4 ||
+	    avg <= 0)
+		throw verbs::Error(tool + " failed; its output:\n" + out + sout, EIO);
+	return avg;
+}
+
+// perftest's own tools beside our bench: the same device, pinned against
+// --odp, each run in two processes as users run it.
+void bench_perftest(Report &rep, const Options &o, ibv_context *ctx)
+{
+	const int gid = verbs::roce_v2_ipv4_gid_index(ctx);
+	const std::string dev = ibv_get_device_name(ctx->device), msg = "65536";
+	const unsigned iters = o.quick ? 500 : 2000;
+	for (const char *tool : {"ib_write_bw", "ib_read_bw", "ib_send_bw"}) {
+		const std::string g = std::string("perftest ") + tool + ", 64 KiB messages",
+				  w = std::to_string(iters) + " iterations", base = "pinned/" + w;
+		for (bool odp : {false, true}) {
+			std::vector<std::string> args = {"-d", dev, "-x", std::to_string(gid),
+							 "-s", msg, "-n", std::to_string(iters),
+							 "-F"};
+			if (odp)
+				args.push_back("--odp");
+			std::vector<double> samples;
+			for (unsigned r = 0; r < o.reps; r++)
+				samples.push_back(1e9 / perftest_once(tool, args));
+			rep.add({g, w, odp ? "--odp" : "pinned", spread_of(samples), base,
+				 "ns per MB (1e9 / perftest's average MB/sec); first touch "
+				 "included"});
+		}
+	}
+}
+
 } // namespace
 
 int odp_bench(const Options &o)
@@ -267,7 +370,8 @@ int odp_bench(const Options &o)
 	run_sections("odp", o.reps, o.quick,
 		     {{"registration", [&] { bench_registration(rep, o, pd.get()); }},
 		      {"bandwidth", [&] { bench_bandwidth(rep, o, ctx.get(), pd.get()); }},
-		      {"isolation", [&] { bench_isolation(rep, o, ctx.get(), pd.get()); }}});
+		      {"isolation", [&] { bench_isolation(rep, o, ctx.get(), pd.get()); }},
+		      {"perftest", [&] { bench_perftest(rep, o, ctx.get()); }}});
 	rep.finish(o.csv);
 	return 0;
 }

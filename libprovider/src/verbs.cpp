@@ -194,22 +194,48 @@ ibv_wc_status LoopbackQp::rdma(ibv_wr_opcode op, const ibv_mr *local, const void
 	wr.send_flags = IBV_SEND_SIGNALED;
 	wr.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(remote_addr);
 	wr.wr.rdma.rkey = remote->rkey;
+	// A SEND lands in a receive posted on the "remote" buffer: the QP is
+	// its own peer, so both completions come to the one CQ.
+	int pending = 1;
+	if (op == IBV_WR_SEND) {
+		ibv_sge rsge{.addr = reinterpret_cast<uintptr_t>(remote_addr),
+			     .length = static_cast<uint32_t>(len),
+			     .lkey = remote->lkey};
+		ibv_recv_wr rwr{};
+		rwr.wr_id = 2;
+		rwr.sg_list = &rsge;
+		rwr.num_sge = 1;
+		ibv_recv_wr *rbad = nullptr;
+		if (int rc = ibv_post_recv(qp_.get(), &rwr, &rbad))
+			throw Error("ibv_post_recv", rc);
+		pending = 2;
+	}
 	ibv_send_wr *bad = nullptr;
 	if (int rc = ibv_post_send(qp_.get(), &wr, &bad))
 		throw Error("ibv_post_send", rc);
 
 	auto deadline = std::chrono::steady_clock::now() + timeout;
-	ibv_wc wc{};
-	for (;;) {
+	ibv_wc_status status = IBV_WC_SUCCESS;
+	while (pending) {
+		ibv_wc wc{};
 		int n = ibv_poll_cq(cq_.get(), 1, &wc);
 		if (n < 0)
 			throw Error("ibv_poll_cq", EIO);
-		if (n == 1)
-			return wc.status;
+		if (n == 1) {
+			pending--;
+			if (wc.status != IBV_WC_SUCCESS && status == IBV_WC_SUCCESS)
+				status = wc.status;
+			// A failed send flushes the receive too, or leaves it
+			// posted: either way there is nothing more to wait for.
+			if (status != IBV_WC_SUCCESS)
+				return status;
+			continue;
+		}
 		if (std::chrono::steady_clock::now() > deadline)
 			throw Error("RDMA completion", ETIMEDOUT);
 		std::this_thread::sleep_for(std::chrono::microseconds(50));
 	}
+	return status;
 }
 
 } // namespace odpwatch::verbs

@@ -76,8 +76,9 @@ class LoopbackQp
 public:
 	LoopbackQp(ibv_context *ctx, ibv_pd *pd);
 	int gid_index() const noexcept { return gid_index_; }
-	// Post one signaled RDMA WRITE or READ between a local and a "remote"
-	// buffer and wait for its completion.
+	// Post one signaled RDMA WRITE, RDMA READ or SEND between a local and a
+	// "remote" buffer (a SEND's receive is posted on it) and wait for the
+	// completions.
 	ibv_wc_status rdma(ibv_wr_opcode op, const ibv_mr *local, const void *local_addr,
 			   size_t len, const ibv_mr *remote, const void *remote_addr,
 			   std::chrono::milliseconds timeout = std::chrono::seconds(30));
