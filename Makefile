@@ -4,12 +4,13 @@
 DEBUG ?= 0
 VARIANT := $(if $(filter 1 yes y,$(DEBUG)),debug,std)
 
-.PHONY: help demo check check-debug vm kernel rootfs guest series check-series lint clean
+.PHONY: help demo check check-debug bench vm kernel rootfs guest series check-series lint clean
 
 help:
 	@echo "make demo            build, boot the odpwatch kernel, run the narrated demonstration"
 	@echo "make check           build, boot and run every test suite (out/check/results.json)"
 	@echo "make check-debug     the same on the debug kernel (KASAN, lockdep, kmemleak)"
+	@echo "make bench           run every benchmark, write out/bench/report.md with plots (QUICK=1: minutes)"
 	@echo "make vm CMD='...'    run a command in the booted guest (repo at /odpwatch)"
 	@echo "make series          export the kernel change as a patch series (out/series)"
 	@echo "make check-series    apply the exported series to a fresh base and build it"
@@ -24,6 +25,12 @@ check:
 
 check-debug:
 	scripts/run.sh check debug
+
+# QUICK=1: the everyday run (a few minutes); REPS=N overrides repetitions.
+bench: export QUICK := $(QUICK)
+bench: export REPS := $(REPS)
+bench:
+	scripts/run.sh bench $(VARIANT)
 
 # $(value CMD): the command exactly as typed, $ and all, not expanded by make
 # (make exports a command-line CMD only expanded, hence the other name).

@@ -19,6 +19,7 @@ from conftest import mmap_anon, munmap
 
 BINARY = "/out/guest/bin/regcache-test"
 CASES = ["reuse-pinned", "reuse-explicit-odp", "reuse-implicit-odp",
+         "ways-to-free-pinned", "ways-to-free-explicit-odp", "ways-to-free-implicit-odp",
          "threads-pinned", "threads-explicit-odp", "threads-implicit-odp",
          "limits", "events", "bad-input"]
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Install what the host needs to build the kernel, make the guest root
-# filesystem and run QEMU. Idempotent: skips apt when everything is there.
+# filesystem and run QEMU (and, for job bench, draw plots). Idempotent: skips apt when everything is there.
 . "$(dirname "$0")/lib.sh"
 
 PKGS=(build-essential bc bison flex libelf-dev libssl-dev cpio rsync xz-utils kmod
 	dwarves python3 git ccache debootstrap qemu-system-x86 qemu-utils
 	clang-format python3-ply python3-git groff-base)
+# make bench draws its plots on the host.
+[ "${1:-}" = bench ] && PKGS+=(python3-matplotlib)
 missing=()
 for p in "${PKGS[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

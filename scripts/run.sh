@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole pipeline, stage by stage with durations:
-#   run.sh check|demo|vm [debug]
+#   run.sh check|demo|vm|bench [debug]
 # host packages -> base kernel -> materialised tree -> kernel build -> guest
 # root filesystem -> guest userspace (chroot) -> boot the job -> results.
 . "$(dirname "$0")/lib.sh"
@@ -14,7 +14,7 @@ rc=0
 if [ "$job" = check ]; then
 	stage "harness self-test" python3 -m unittest discover -s "$TOP/scripts/tests" -q || rc=1
 fi
-stage "host packages" "$TOP/scripts/install-host-deps.sh"
+stage "host packages" "$TOP/scripts/install-host-deps.sh" "$job"
 stage "materialise kernel tree" "$TOP/scripts/materialise.sh" >"$OUT/.tree"
 tree=$(cat "$OUT/.tree")
 build=$(dirname "$tree")/build-$variant
@@ -38,6 +38,15 @@ if [ "$job" = vm ]; then
 	[ -n "$cmd" ] || die "vm needs a command: make vm CMD='...'"
 	mkdir -p "$OUT/$dir" && printf '%s\n' "$cmd" >"$OUT/$dir/cmd.sh"
 fi
+if [ "$job" = bench ]; then
+	# A fresh directory: the report must hold this run's numbers only.
+	rm -rf "${OUT:?}/$dir" && mkdir -p "$OUT/$dir"
+	args="--reps ${REPS:-5}"
+	case ${QUICK:-0} in 1 | yes | y) args="--quick --reps ${REPS:-3}" ;; esac
+	echo "$args" >"$OUT/$dir/args"
+	# The full run takes longer than the default deadline.
+	export TIMEOUT=${TIMEOUT:-7200}
+fi
 vmrc=0
 stage "boot and run '$job' in the guest" "$TOP/scripts/run-vm.sh" "$job" "$dir" "$(cat "$OUT/.bzimage")" "$rootfs" "$stock" || vmrc=$?
 [ $vmrc = 0 ] || rc=$vmrc
@@ -47,6 +56,11 @@ check)
 	log "results: $OUT/$dir/results.json"
 	;;
 demo) echo; cat "$OUT/$dir/output" 2>/dev/null ;;
+bench)
+	# Debian's python3, the one python3-matplotlib is installed for.
+	stage "report" /usr/bin/python3 "$TOP/scripts/bench-report.py" "$OUT/$dir" || rc=1
+	log "bench: report in $OUT/$dir/report.md"
+	;;
 vm) log "vm: output of the command:"; cat "$OUT/$dir/output" 2>/dev/null; log "vm: exit status $rc" ;;
 esac
 log "total: $(($(date +%s) - t0))s"

@@ -63,6 +63,20 @@ void Report::print_markdown() const
 	std::fflush(stdout);
 }
 
+namespace
+{
+
+// A CSV field: quoted, with quotes doubled (RFC 4180).
+std::string quoted(const std::string &s)
+{
+	std::string q = "\"";
+	for (char c : s)
+		q += c == '"' ? std::string("\"\"") : std::string(1, c);
+	return q + "\"";
+}
+
+} // namespace
+
 void Report::write_csv(const std::string &path) const
 {
 	std::unique_ptr<FILE, int (*)(FILE *)> f(std::fopen(path.c_str(), "w"), &std::fclose);
@@ -71,10 +85,10 @@ void Report::write_csv(const std::string &path) const
 	std::fprintf(f.get(),
 		     "group,param,variant,reps,min_ns,median_ns,max_ns,ratio,baseline,note\n");
 	for (const Row &r : rows_)
-		std::fprintf(f.get(), "\"%s\",\"%s\",%s,%u,%.1f,%.1f,%.1f,%.4f,%s,\"%s\"\n",
-			     r.group.c_str(), r.param.c_str(), r.variant.c_str(), r.ns.reps,
-			     r.ns.min, r.ns.median, r.ns.max, ratio(r), r.baseline.c_str(),
-			     r.note.c_str());
+		std::fprintf(f.get(), "%s,%s,%s,%u,%.1f,%.1f,%.1f,%.4f,%s,%s\n",
+			     quoted(r.group).c_str(), quoted(r.param).c_str(),
+			     quoted(r.variant).c_str(), r.ns.reps, r.ns.min, r.ns.median, r.ns.max,
+			     ratio(r), quoted(r.baseline).c_str(), quoted(r.note).c_str());
 }
 
 void Report::write_rows(FILE *f, size_t from) const

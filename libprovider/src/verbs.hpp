@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace odpwatch::verbs
 {
@@ -60,6 +61,9 @@ public:
 	std::byte *data() const noexcept { return static_cast<std::byte *>(addr_); }
 	size_t size() const noexcept { return len_; }
 	void unmap() noexcept;
+	// Forgets the mapping without unmapping it (it was unmapped or moved
+	// behind our back, as a test of exactly that does).
+	void *release() noexcept { return std::exchange(addr_, nullptr); }
 
 private:
 	void *addr_ = nullptr;

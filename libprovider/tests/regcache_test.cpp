@@ -8,6 +8,9 @@
 #include <odpwatch/regcache.h>
 
 #include <poll.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -136,6 +139,54 @@ void reuse(int policy)
 		CHECK(s.invalidations == 0 && s.registrations == 1 && s.hits == 1);
 	}
 	CHECK(s.entries == 1 && s.in_use == 0);
+}
+
+// Every way a buffer can be replaced at its address, not only munmap()
+// through libc (which malloc hooks see): the bytes on the wire must be the
+// new buffer's each time.
+void ways_to_free(int policy)
+{
+	Peer p;
+	Cache c(policy);
+	const std::pair<const char *, std::function<void(verbs::Mapping &, void *)>> ways[] = {
+		{"munmap",
+		 [](verbs::Mapping &m, void *at) {
+			 m.unmap();
+			 m = filled(at, 'B');
+		 }},
+		{"munmap system call",
+		 [](verbs::Mapping &m, void *at) {
+			 syscall(SYS_munmap, m.release(), buf_len);
+			 m = filled(at, 'B');
+		 }},
+		{"madvise(MADV_DONTNEED)",
+		 [](verbs::Mapping &m, void *) {
+			 CHECK_RC(madvise(m.data(), buf_len, MADV_DONTNEED), 0);
+			 std::memset(m.data(), 'B', buf_len);
+		 }},
+		{"mremap away",
+		 [](verbs::Mapping &m, void *at) {
+			 void *away =
+				 mremap(m.data(), buf_len, buf_len, MREMAP_MAYMOVE | MREMAP_FIXED,
+					static_cast<char *>(at) + (uintptr_t{1} << 32));
+			 CHECK(away != MAP_FAILED);
+			 m.release();
+			 munmap(away, buf_len);
+			 m = filled(at, 'B');
+		 }},
+	};
+	int slot = 0;
+	for (const auto &[name, replace] : ways) {
+		void *at = slot_address(slot++);
+		auto m = filled(at, 'A');
+		p.send(c.c, m);
+		CHECK(p.received('A'));
+		replace(m, at);
+		p.send(c.c, m);
+		if (!p.received('B'))
+			throw Failure(std::string("after ") + name +
+				      ", the peer got the old bytes");
+	}
 }
 
 // Threads free and remap their buffers while the others look theirs up, all
@@ -295,6 +346,9 @@ const std::map<std::string, std::function<void()>> cases = {
 	{"reuse-pinned", [] { reuse(ODPWATCH_CACHE_PINNED); }},
 	{"reuse-explicit-odp", [] { reuse(ODPWATCH_CACHE_EXPLICIT_ODP); }},
 	{"reuse-implicit-odp", [] { reuse(ODPWATCH_CACHE_IMPLICIT_ODP); }},
+	{"ways-to-free-pinned", [] { ways_to_free(ODPWATCH_CACHE_PINNED); }},
+	{"ways-to-free-explicit-odp", [] { ways_to_free(ODPWATCH_CACHE_EXPLICIT_ODP); }},
+	{"ways-to-free-implicit-odp", [] { ways_to_free(ODPWATCH_CACHE_IMPLICIT_ODP); }},
 	{"threads-pinned", [] { threads(ODPWATCH_CACHE_PINNED); }},
 	{"threads-explicit-odp", [] { threads(ODPWATCH_CACHE_EXPLICIT_ODP); }},
 	{"threads-implicit-odp", [] { threads(ODPWATCH_CACHE_IMPLICIT_ODP); }},

@@ -1,7 +1,7 @@
 #!/bin/sh
 # The guest's init, run by /sbin/odpwatch-init with the repo mounted read-only
 # at /odpwatch. Sets the guest up (mounts, huge pages, rxe on dummy0), runs the
-# job named on the kernel command line (odpwatch.job=check|demo|vm), then
+# job named on the kernel command line (odpwatch.job=check|demo|vm|bench), then
 # powers off, so QEMU (-no-reboot) exits in every case.
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/tmp LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1
@@ -64,6 +64,7 @@ case $job in
 check) /odpwatch/scripts/guest/run-suites.sh "$jobdir" || rc=$? ;;
 demo) /out/guest/bin/odpwatch demo >"$jobdir/output" 2>&1 || rc=$? ;;
 vm) (cd /odpwatch && sh "$jobdir/cmd.sh") >"$jobdir/output" 2>&1 || rc=$? ;;
+bench) /odpwatch/scripts/guest/run-bench.sh "$jobdir" || rc=$? ;;
 *) say "unknown job '$job'"; rc=2 ;;
 esac
 

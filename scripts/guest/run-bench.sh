@@ -1,0 +1,27 @@
+#!/bin/sh
+# Run every benchmark inside the guest: `odpwatch bench memwatch|odp|cache`,
+# each writing its markdown table (NAME.md), its rows (NAME.csv) and its
+# progress (NAME.log) into DIR; the host turns them into report.md with plots.
+#   run-bench.sh DIR     DIR/args: extra arguments for every benchmark
+#                        (e.g. --quick --reps 3), written by the host
+dir=$1
+say() { echo "odpwatch: $*"; }
+args=$(cat "$dir/args" 2>/dev/null)
+rc=0
+uname -r >"$dir/kernel"
+# Let the boot's own work (udev, deferred initcalls) settle: the first rows
+# measured are baselines.
+sleep 10
+for b in memwatch odp cache; do
+	say "bench $b: running (odpwatch bench $b $args)"
+	t0=$(date +%s)
+	# shellcheck disable=SC2086 # args are words by design
+	if /out/guest/bin/odpwatch bench $b $args --csv "$dir/$b.csv" >"$dir/$b.md" 2>"$dir/$b.log"; then
+		say "bench $b: done in $(($(date +%s) - t0)) s, $(($(wc -l <"$dir/$b.csv") - 1)) rows"
+	else
+		rc=1
+		say "bench $b: FAILED after $(($(date +%s) - t0)) s; last lines of its log:"
+		tail -n 5 "$dir/$b.log" | sed 's/^/odpwatch:   /'
+	fi
+done
+exit $rc
