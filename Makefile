@@ -4,13 +4,14 @@
 DEBUG ?= 0
 VARIANT := $(if $(filter 1 yes y,$(DEBUG)),debug,std)
 
-.PHONY: help demo check check-debug bench vm kernel rootfs guest series check-series lint clean
+.PHONY: help demo check check-debug bench stress vm kernel rootfs guest series check-series lint clean
 
 help:
 	@echo "make demo            build, boot the odpwatch kernel, run the narrated demonstration"
 	@echo "make check           build, boot and run every test suite (out/check/results.json)"
 	@echo "make check-debug     the same on the debug kernel (KASAN, lockdep, kmemleak)"
 	@echo "make bench           run every benchmark, write out/bench/report.md with plots (QUICK=1: minutes)"
+	@echo "make stress          the long model-based stress run (SECONDS=600, SEED=n; debug kernel)"
 	@echo "make vm CMD='...'    run a command in the booted guest (repo at /odpwatch)"
 	@echo "make series          export the kernel change as a patch series (out/series)"
 	@echo "make check-series    apply the exported series to a fresh base and build it"
@@ -25,6 +26,12 @@ check:
 
 check-debug:
 	scripts/run.sh check debug
+
+# The long run of the model-based stress (SECONDS, default 600; SEED to
+# replay one), on the debug kernel: it is there to find bugs.
+stress: export ODPWATCH_CMD = /out/guest/bin/odpwatch-stress --seconds $(or $(SECONDS),600) $(if $(SEED),--seed $(SEED))
+stress:
+	TIMEOUT=$$(( $(or $(SECONDS),600) + 1200 )) scripts/run.sh vm debug
 
 # QUICK=1: the everyday run (a few minutes); REPS=N overrides repetitions.
 bench: export QUICK := $(QUICK)

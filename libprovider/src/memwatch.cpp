@@ -18,10 +18,14 @@
 namespace odpwatch
 {
 
+int Memwatch::create_fd(unsigned flags)
+{
+	return static_cast<int>(syscall(__NR_memwatch_create, flags));
+}
+
 Memwatch::Memwatch(size_t max_watches, unsigned flags)
 {
-	fd_ = static_cast<int>(
-		syscall(__NR_memwatch_create, flags | MEMWATCH_CLOEXEC | MEMWATCH_NONBLOCK));
+	fd_ = create_fd(flags | MEMWATCH_CLOEXEC | MEMWATCH_NONBLOCK);
 	if (fd_ < 0)
 		throw verbs::Error("memwatch_create", errno);
 	const size_t page = sysconf(_SC_PAGESIZE);

@@ -23,6 +23,8 @@ public:
 	// allows; address space only, the kernel backs the words in use);
 	// throws verbs::Error (ENOSYS when the kernel has no memwatch).
 	explicit Memwatch(size_t max_watches = 0, unsigned flags = 0);
+	// The bare system call: a descriptor, or -1 with errno.
+	static int create_fd(unsigned flags);
 	Memwatch(const Memwatch &) = delete;
 	Memwatch &operator=(const Memwatch &) = delete;
 	~Memwatch();

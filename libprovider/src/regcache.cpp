@@ -303,16 +303,21 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 	const uintptr_t a = reinterpret_cast<uintptr_t>(addr), page = page_size();
 	if (!pd || !len || a + len < a)
 		throw verbs::Error("odpwatch_cache_get", EINVAL);
-	const Policy policy = resolve(pd);
-	Key k{pd, a & ~(page - 1), (a + len + page - 1) & ~(page - 1), access};
-	if (policy == Policy::ImplicitOdp)
-		k.start = 0, k.end = std::numeric_limits<uintptr_t>::max();
+	auto key_for = [&](Policy p) {
+		if (p == Policy::ImplicitOdp)
+			return Key{pd, 0, std::numeric_limits<uintptr_t>::max(), access};
+		return Key{pd, a & ~(page - 1), (a + len + page - 1) & ~(page - 1), access};
+	};
 
+	// The hit path: one shared section for the PD's policy and the entry.
 	{
 		std::shared_lock lock(mu_);
-		if (Entry *e = lookup(k); e && fresh(e))
-			return take(e);
+		if (auto it = pd_policy_.find(pd); it != pd_policy_.end())
+			if (Entry *e = lookup(key_for(it->second)); e && fresh(e))
+				return take(e);
 	}
+	const Policy policy = resolve(pd);
+	const Key k = key_for(policy);
 
 	Graveyard dead(*this); // declared first: destroys after the lock is gone
 	std::unique_ptr<Entry> fresh_entry;
