@@ -18,12 +18,10 @@ OPERATIONS = [
     "MEMWATCH_IOC_ADD",
     "MEMWATCH_IOC_SET_QUEUE",
     "munmap of a watched page",
-    "madvise(MADV_DONTNEED) of a watched page",
     "ibv_reg_mr, explicit ODP (1 MiB)",
     "ibv_reg_mr, implicit ODP",
     "ibv_advise_mr PREFETCH_WRITE, explicit ODP (1 MiB)",
     "ibv_advise_mr PREFETCH_WRITE, implicit ODP (child creation)",
-    "ibv_dereg_mr of an explicit ODP MR with its pages present",
 ]
 
 
