@@ -167,7 +167,10 @@ LoopbackQp::LoopbackQp(ibv_context *ctx, ibv_pd *pd)
 
 	a = {};
 	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
+	// ACK timeout 4.096 us << 17 = 0.5 s, 7 retries: the debug kernel under
+	// TCG can keep a faulting responder silent past 67 ms (timeout 14) seven
+	// times over; odpwatch-stress once ended on such a completion error.
+	a.timeout = 17;
 	a.retry_cnt = 7;
 	a.rnr_retry = 7;
 	a.sq_psn = 0;

@@ -271,6 +271,18 @@ private:
 		else
 			s.odp = verbs::reg_mr(pd_.get(), slot_at(i), kLen, kOdp);
 	}
+	// Posts one operation; a completion in error fails the step with its
+	// status and the remote MR it went through.
+	void transfer(ibv_wr_opcode op, const char *what, ibv_mr *local, void *laddr,
+		      ibv_mr *remote, void *raddr)
+	{
+		ibv_wc_status st =
+			qp().rdma(op, local, laddr, kLen, remote, raddr, std::chrono::minutes(5));
+		if (st != IBV_WC_SUCCESS)
+			fail(std::string(what) + " completed with '" + ibv_wc_status_str(st) +
+			     "' (remote MR: " +
+			     (remote == implicit_.get() ? "implicit ODP" : "explicit") + ")");
+	}
 	// The slot's explicit ODP MR, or else the implicit one.
 	ibv_mr *odp_mr(size_t i) { return slots_[i].odp ? slots_[i].odp.get() : implicit_.get(); }
 	verbs::LoopbackQp &qp() { return *qps_[rng_() % qps_.size()]; }
@@ -303,9 +315,8 @@ private:
 		if (!slots_[i].mapped)
 			return;
 		std::memset(local_.data(), 0x5a, kLen);
-		if (qp().rdma(IBV_WR_RDMA_READ, local_mr_.get(), local_.data(), kLen, odp_mr(i),
-			      slot_at(i), std::chrono::minutes(5)) != IBV_WC_SUCCESS)
-			fail("RDMA READ through the ODP MR did not complete");
+		transfer(IBV_WR_RDMA_READ, "RDMA READ of the slot", local_mr_.get(), local_.data(),
+			 odp_mr(i), slot_at(i));
 		expect_bytes("RDMA READ of the slot", local_.data(), slots_[i].fill);
 	}
 	void rdma_write(size_t i)
@@ -314,9 +325,8 @@ private:
 			return;
 		const auto fill = static_cast<unsigned char>(rng_());
 		std::memset(local_.data(), fill, kLen);
-		if (qp().rdma(IBV_WR_RDMA_WRITE, local_mr_.get(), local_.data(), kLen, odp_mr(i),
-			      slot_at(i), std::chrono::minutes(5)) != IBV_WC_SUCCESS)
-			fail("RDMA WRITE through the ODP MR did not complete");
+		transfer(IBV_WR_RDMA_WRITE, "RDMA WRITE into the slot", local_mr_.get(),
+			 local_.data(), odp_mr(i), slot_at(i));
 		slots_[i].fill = fill;
 		expect_bytes("the slot after an RDMA WRITE",
 			     reinterpret_cast<std::byte *>(slot_at(i)), fill);
@@ -328,9 +338,8 @@ private:
 			return;
 		verbs::Mr mr = verbs::reg_mr(pd_.get(), slot_at(i), kLen, kPinned);
 		std::memset(local_.data(), 0x5a, kLen);
-		if (qp().rdma(IBV_WR_SEND, mr.get(), slot_at(i), kLen, local_mr_.get(),
-			      local_.data(), std::chrono::minutes(5)) != IBV_WC_SUCCESS)
-			fail("SEND did not complete");
+		transfer(IBV_WR_SEND, "SEND from the slot", mr.get(), slot_at(i), local_mr_.get(),
+			 local_.data());
 		expect_bytes("SEND from a pinned MR of the slot", local_.data(), slots_[i].fill);
 	}
 	// The safety half of memwatch: a range that changed is never valid.
