@@ -4,11 +4,11 @@
 #include "benches.hpp"
 #include "cache_workloads.hpp"
 #include "report.hpp"
+#include "spawn.hpp"
 #include "verbs.hpp"
 
 #include <odpwatch/regcache.h>
 
-#include <fcntl.h>
 #include <libgen.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -166,23 +166,10 @@ void run_peer(Report &rep, const Options &o, const char *peer)
 		args.push_back("--quick");
 	if (!o.device.empty())
 		args.insert(args.end(), {"--device", o.device});
-	int fd[2];
-	if (pipe2(fd, O_CLOEXEC))
-		throw verbs::Error("pipe2", errno);
-	pid_t pid = fork();
-	if (pid < 0)
-		throw verbs::Error("fork", errno);
-	if (pid == 0) {
-		dup2(fd[1], STDOUT_FILENO);
-		std::vector<char *> argv;
-		for (auto &a : args)
-			argv.push_back(a.data());
-		argv.push_back(nullptr);
-		execv(exe.c_str(), argv.data());
-		_exit(127);
-	}
-	close(fd[1]);
-	FILE *rows = fdopen(fd[0], "r");
+	// The peer's stderr stays ours: its progress shows as it runs.
+	int out = -1;
+	pid_t pid = spawn(args, &out, false);
+	FILE *rows = fdopen(out, "r");
 	rep.read_rows(rows);
 	std::fclose(rows);
 	int status = 0;

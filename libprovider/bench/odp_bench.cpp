@@ -5,12 +5,11 @@
 // faulting QP beside a quiet one; perftest's own tools with and without --odp.
 #include "benches.hpp"
 #include "report.hpp"
+#include "spawn.hpp"
 #include "verbs.hpp"
 
-#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -261,59 +260,18 @@ void bench_isolation(Report &rep, const Options &o, ibv_context *ctx, ibv_pd *pd
 		 std::to_string(faulting_mib.load()) + " MiB faulted in meanwhile"});
 }
 
-// Runs @argv with stdout (and stderr) into a pipe; returns the pid.
-pid_t spawn(std::vector<std::string> argv, int *out_fd)
-{
-	int fd[2];
-	if (pipe2(fd, O_CLOEXEC))
-		throw verbs::Error("pipe2", errno);
-	pid_t pid = fork();
-	if (pid < 0)
-		throw verbs::Error("fork", errno);
-	if (pid == 0) {
-		dup2(fd[1], STDOUT_FILENO);
-		dup2(fd[1], STDERR_FILENO);
-		std::vector<char *> args;
-		for (auto &a : argv)
-			args.push_back(a.data());
-		args.push_back(nullptr);
-		execvp(args[0], args.data());
-		_exit(127);
-	}
-	close(fd[1]);
-	*out_fd = fd[0];
-	return pid;
-}
-
-std::string read_all(int fd)
-{
-	std::string s;
-	char buf[4096];
-	ssize_t n;
-	while ((n = read(fd, buf, sizeof(buf))) > 0)
-		s.append(buf, size_t(n));
-	close(fd);
-	return s;
-}
-
 // One perftest run between two processes on the device: the average
 // bandwidth (perftest's MB/sec) from the client's result line.
 double perftest_once(const std::string &tool, const std::vector<std::string> &args)
 {
+	std::vector<std::string> argv = {tool};
+	argv.insert(argv.end(), args.begin(), args.end());
 	int sfd = -1, cfd = -1;
-	pid_t server = spawn(
-		[&] {
-			std::vector<std::string> v = {tool};
-			v.insert(v.end(), args.begin(), args.end());
-			return v;
-		}(),
-		&sfd);
+	pid_t server = spawn(argv, &sfd, true);
 	// The server needs a moment to listen; perftest's client does not retry.
 	std::this_thread::sleep_for(std::chrono::seconds(1));
-	std::vector<std::string> v = {tool};
-	v.insert(v.end(), args.begin(), args.end());
-	v.push_back("127.0.0.1");
-	pid_t client = spawn(v, &cfd);
+	argv.push_back("127.0.0.1");
+	pid_t client = spawn(argv, &cfd, true);
 	std::string out = read_all(cfd);
 	int cst = 0, sst = 0;
 	waitpid(client, &cst, 0);

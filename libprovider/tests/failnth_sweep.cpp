@@ -12,6 +12,7 @@
 // Output is KTAP; exit status 0 when every operation passed, 4 (KTAP skip)
 // when the kernel cannot inject failures.
 //   failnth-sweep [--list] [OPERATION...]
+#include "check.hpp"
 #include "memwatch.hpp"
 #include "verbs.hpp"
 
@@ -34,20 +35,10 @@
 #include <vector>
 
 using namespace odpwatch;
+using odpwatch::test::Failure;
 
 namespace
 {
-
-struct Failure : std::runtime_error {
-	using std::runtime_error::runtime_error;
-};
-
-#define CHECK(cond)                                                                                \
-	do {                                                                                       \
-		if (!(cond))                                                                       \
-			throw Failure(std::string("check failed: " #cond " (line ") +              \
-				      std::to_string(__LINE__) + ")");                             \
-	} while (0)
 
 const size_t page = size_t(sysconf(_SC_PAGESIZE));
 

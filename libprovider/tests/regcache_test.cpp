@@ -3,6 +3,7 @@
 // RDMA traffic on rxe: regcache-test [CASE...] (no argument: all cases;
 // --list: their names).
 // Prints KTAP; exits non-zero if any case fails.
+#include "check.hpp"
 #include "verbs.hpp"
 
 #include <odpwatch/regcache.h>
@@ -24,28 +25,10 @@
 #include <vector>
 
 using namespace odpwatch;
+using odpwatch::test::Failure;
 
 namespace
 {
-
-struct Failure : std::runtime_error {
-	using std::runtime_error::runtime_error;
-};
-
-#define CHECK(cond)                                                                                \
-	do {                                                                                       \
-		if (!(cond))                                                                       \
-			throw Failure(std::string(__func__) + ":" + std::to_string(__LINE__) +     \
-				      ": " #cond);                                                 \
-	} while (0)
-
-#define CHECK_RC(expr, want)                                                                       \
-	do {                                                                                       \
-		int rc_ = (expr);                                                                  \
-		if (rc_ != (want))                                                                 \
-			throw Failure(std::string(#expr) + " = " + std::to_string(rc_) +           \
-				      ", want " #want);                                            \
-	} while (0)
 
 constexpr size_t buf_len = 64 * 1024;
 constexpr unsigned local_access = IBV_ACCESS_LOCAL_WRITE;

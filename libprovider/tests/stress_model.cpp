@@ -9,6 +9,7 @@
 //   - bytes moved through an ODP MR that are not the current mapping's
 // is a failure. The seed is printed first: the same seed replays the run.
 //   odpwatch-stress [--seed N] [--seconds S] [--steps N]
+#include "check.hpp"
 #include "memwatch.hpp"
 #include "verbs.hpp"
 
@@ -28,6 +29,7 @@
 #include <string>
 
 using namespace odpwatch;
+using odpwatch::test::Failure;
 
 namespace
 {
@@ -37,10 +39,6 @@ constexpr unsigned kOdp = IBV_ACCESS_ON_DEMAND | IBV_ACCESS_LOCAL_WRITE | IBV_AC
 			  IBV_ACCESS_REMOTE_READ;
 constexpr unsigned kPinned =
 	IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-
-struct Failure : std::runtime_error {
-	using std::runtime_error::runtime_error;
-};
 
 char *slot_at(size_t i)
 {

@@ -1,0 +1,22 @@
+// SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
+// Running another program from a benchmark (perftest, the cache peers) with
+// its output read through a pipe.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace odpwatch::bench
+{
+
+// Starts argv[0] (searched in PATH) with stdout, and stderr too if
+// @with_stderr, into a pipe whose read end goes to *out_fd; returns the pid.
+// Throws verbs::Error when the pipe or the fork fails.
+pid_t spawn(std::vector<std::string> argv, int *out_fd, bool with_stderr);
+
+// Everything the descriptor gives until end of file; closes it.
+std::string read_all(int fd);
+
+} // namespace odpwatch::bench
