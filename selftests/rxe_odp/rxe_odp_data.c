@@ -18,8 +18,6 @@
 #include <time.h>
 #include <unistd.h>
 #include <infiniband/verbs.h>
-#include <rdma/rdma_user_ioctl_cmds.h>
-#include <rdma/ib_user_ioctl_cmds.h>
 
 #include "../kselftest_harness.h"
 #include "rxe_odp_util.h"
@@ -349,63 +347,6 @@ TEST_F(odp, implicit_unmapped_address)
 					      IBV_WR_RDMA_WRITE,
 					      (uintptr_t)buf, mr->rkey, 64));
 	EXPECT_EQ(0, ibv_dereg_mr(mr));
-}
-
-/* The raw ADVISE_MR ioctl; returns 0 or an errno. */
-static int advise_mr(struct ibv_pd *pd, uint32_t advice, uint32_t flags,
-		     uint64_t addr, uint32_t length, uint32_t lkey)
-{
-	struct { uint64_t addr; uint32_t length, lkey; } sge = {
-		addr, length, lkey,
-	};
-	struct {
-		struct ib_uverbs_ioctl_hdr hdr;
-		struct ib_uverbs_attr attrs[4];
-	} cmd = {
-		.hdr = {
-			.length = sizeof(cmd),
-			.object_id = UVERBS_OBJECT_MR,
-			.method_id = UVERBS_METHOD_ADVISE_MR,
-			.num_attrs = 4,
-			.driver_id = RDMA_DRIVER_RXE,	/* checked by the core */
-		},
-		.attrs = {
-			{ .attr_id = UVERBS_ATTR_ADVISE_MR_PD_HANDLE,
-			  .flags = UVERBS_ATTR_F_MANDATORY,
-			  .data = pd->handle },
-			{ .attr_id = UVERBS_ATTR_ADVISE_MR_ADVICE,
-			  .len = sizeof(uint64_t),	/* an enum: always u64 */
-			  .flags = UVERBS_ATTR_F_MANDATORY, .data = advice },
-			{ .attr_id = UVERBS_ATTR_ADVISE_MR_FLAGS,
-			  .len = sizeof(uint32_t),
-			  .flags = UVERBS_ATTR_F_MANDATORY, .data = flags },
-			{ .attr_id = UVERBS_ATTR_ADVISE_MR_SGE_LIST,
-			  .len = sizeof(sge), .flags = UVERBS_ATTR_F_MANDATORY,
-			  .data = (uintptr_t)&sge },
-		},
-	};
-
-	return ioctl(pd->context->cmd_fd, RDMA_VERBS_IOCTL, &cmd) ? errno : 0;
-}
-
-/* A port hw counter; the core caches them for 10 ms: wait that out first. */
-static uint64_t hw_counter(const char *name)
-{
-	const char *dev = rdma_dev_name();
-	unsigned long long v = 0;
-	char path[256];
-	FILE *f;
-
-	usleep(20 * 1000);
-	snprintf(path, sizeof(path),
-		 "/sys/class/infiniband/%s/ports/1/hw_counters/%s", dev, name);
-	f = fopen(path, "r");
-	if (!f)
-		return UINT64_MAX;
-	if (fscanf(f, "%llu", &v) != 1)
-		v = UINT64_MAX;
-	fclose(f);
-	return v;
 }
 
 #define SYNC IBV_ADVISE_MR_FLAG_FLUSH

@@ -383,32 +383,45 @@ struct rxe_odp_prefetch_work {
 	} sge[] __counted_by(num_sge);
 };
 
-/* Best effort: an SGE whose pages cannot be brought in is skipped. */
-static void rxe_odp_prefetch_work(struct work_struct *w)
+/*
+ * Map each SGE of @work, drop the references and free it. The synchronous
+ * path (@sync) stops at the first SGE that cannot be mapped and returns its
+ * error; the asynchronous one is advice, and skips it.
+ */
+static int rxe_odp_prefetch(struct rxe_odp_prefetch_work *work, bool sync)
 {
-	struct rxe_odp_prefetch_work *work =
-		container_of(w, struct rxe_odp_prefetch_work, work);
+	int err = 0, ret;
 	u32 i;
 
 	for (i = 0; i < work->num_sge; i++) {
-		rxe_odp_map_range(work->sge[i].mr, work->sge[i].iova,
-				  work->sge[i].length, work->write, work->fault,
-				  RXE_ODP_PAGE_PREFETCH);
+		if (!err) {
+			ret = rxe_odp_map_range(work->sge[i].mr,
+						work->sge[i].iova,
+						work->sge[i].length,
+						work->write, work->fault,
+						RXE_ODP_PAGE_PREFETCH);
+			if (sync)
+				err = ret;
+		}
 		rxe_put(work->sge[i].mr);
 	}
 	kvfree(work);
+	return err;
+}
+
+static void rxe_odp_prefetch_work(struct work_struct *w)
+{
+	rxe_odp_prefetch(container_of(w, struct rxe_odp_prefetch_work, work),
+			 false);
 }
 
 int rxe_ib_advise_mr(struct ib_pd *ibpd, enum ib_uverbs_advise_mr_advice advice,
 		     u32 flags, struct ib_sge *sg_list, u32 num_sge,
 		     struct uverbs_attr_bundle *attrs)
 {
-	bool write = advice == IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE;
-	bool fault = advice != IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT;
 	struct rxe_pd *pd = to_rpd(ibpd);
 	struct rxe_odp_prefetch_work *work;
 	struct rxe_mr *mr;
-	int err = 0;
 	u32 i;
 
 	if (advice != IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH &&
@@ -418,27 +431,13 @@ int rxe_ib_advise_mr(struct ib_pd *ibpd, enum ib_uverbs_advise_mr_advice advice,
 	if (flags & ~IB_UVERBS_ADVISE_MR_FLAG_FLUSH)
 		return -EOPNOTSUPP;
 
-	if (flags & IB_UVERBS_ADVISE_MR_FLAG_FLUSH) {
-		for (i = 0; i < num_sge && !err; i++) {
-			mr = rxe_odp_prefetch_mr(pd, advice, &sg_list[i]);
-			if (IS_ERR(mr))
-				return PTR_ERR(mr);
-			err = rxe_odp_map_range(mr, sg_list[i].addr,
-						sg_list[i].length, write, fault,
-						RXE_ODP_PAGE_PREFETCH);
-			rxe_put(mr);
-		}
-		return err;
-	}
-
-	/* Asynchronous: the same checks now, the faults in the work. */
+	/* Every SGE is checked, and its MR held, before any is mapped. */
 	work = kvzalloc_flex(*work, sge, num_sge);
 	if (!work)
 		return -ENOMEM;
 	work->num_sge = num_sge;
-	work->write = write;
-	work->fault = fault;
-	INIT_WORK(&work->work, rxe_odp_prefetch_work);
+	work->write = advice == IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE;
+	work->fault = advice != IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT;
 	for (i = 0; i < num_sge; i++) {
 		mr = rxe_odp_prefetch_mr(pd, advice, &sg_list[i]);
 		if (IS_ERR(mr)) {
@@ -451,6 +450,9 @@ int rxe_ib_advise_mr(struct ib_pd *ibpd, enum ib_uverbs_advise_mr_advice advice,
 		work->sge[i].iova = sg_list[i].addr;
 		work->sge[i].length = sg_list[i].length;
 	}
+	if (flags & IB_UVERBS_ADVISE_MR_FLAG_FLUSH)
+		return rxe_odp_prefetch(work, true);
+	INIT_WORK(&work->work, rxe_odp_prefetch_work);
 	queue_work(rxe_wq, &work->work);
 	return 0;
 }
