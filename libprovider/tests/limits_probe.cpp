@@ -1,0 +1,201 @@
+// SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
+// Limits, from inside the process they apply to (pyverbs-tests/test_limits.py
+// sets up the cgroup and reads the verdict):
+//   memlock          without CAP_IPC_LOCK and with RLIMIT_MEMLOCK at 1 MiB:
+//                    pinned MRs are held to the limit (ENOMEM beyond it),
+//                    ODP MRs are not, and their traffic pins nothing
+//   watch-charge N   add N watches and print the process's memory cgroup's
+//                    memory.current before, with and after them
+//   watch-flood      add one-page watches until the kernel says no; prints
+//                    the count as it goes, and the errno at the end
+#include "check.hpp"
+#include "memwatch.hpp"
+#include "verbs.hpp"
+
+#include <linux/capability.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+
+using namespace odpwatch;
+
+namespace
+{
+
+constexpr size_t KiB = 1024, MiB = 1024 * KiB;
+constexpr unsigned kPinned = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+constexpr unsigned kOdp = kPinned | IBV_ACCESS_ON_DEMAND;
+
+// Pages this process has pinned (mm->pinned_vm), from /proc/self/status.
+size_t vm_pin_kib()
+{
+	std::ifstream status("/proc/self/status");
+	for (std::string line; std::getline(status, line);)
+		if (line.rfind("VmPin:", 0) == 0)
+			return std::stoul(line.substr(6));
+	throw test::Failure("no VmPin in /proc/self/status");
+}
+
+// Without CAP_IPC_LOCK, RLIMIT_MEMLOCK binds even root.
+void drop_ipc_lock()
+{
+	__user_cap_header_struct hdr{.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+	__user_cap_data_struct data[2]{};
+	CHECK(syscall(SYS_capget, &hdr, data) == 0);
+	data[0].effective &= ~(1U << CAP_IPC_LOCK);
+	data[0].permitted &= ~(1U << CAP_IPC_LOCK);
+	data[0].inheritable &= ~(1U << CAP_IPC_LOCK);
+	CHECK(syscall(SYS_capset, &hdr, data) == 0);
+}
+
+// The errno of a registration expected to fail (0 if it succeeded).
+int reg_errno(ibv_pd *pd, void *addr, size_t len, unsigned access)
+{
+	ibv_mr *mr = ibv_reg_mr(pd, addr, len, access);
+	if (!mr)
+		return errno;
+	ibv_dereg_mr(mr);
+	return 0;
+}
+
+void memlock()
+{
+	drop_ipc_lock();
+	rlimit lim{.rlim_cur = MiB, .rlim_max = MiB};
+	CHECK(setrlimit(RLIMIT_MEMLOCK, &lim) == 0);
+
+	auto ctx = verbs::open_device("rxe0");
+	auto pd = verbs::alloc_pd(ctx.get());
+	verbs::LoopbackQp qp(ctx.get(), pd.get());
+	const size_t pinned_before = vm_pin_kib();
+
+	// Pinned: half the limit fits, another whole limit does not.
+	verbs::Mapping half(MiB / 2), whole(MiB);
+	std::memset(half.data(), 0x5a, half.size());
+	verbs::Mr half_mr = verbs::reg_mr(pd.get(), half.data(), half.size(), kPinned);
+	CHECK(vm_pin_kib() == pinned_before + 512);
+	CHECK_RC(reg_errno(pd.get(), whole.data(), whole.size(), kPinned), ENOMEM);
+	CHECK(vm_pin_kib() == pinned_before + 512);
+	std::printf("pinned: 512 KiB registered, 1 MiB more refused with ENOMEM\n");
+
+	// ODP: 64 times the limit registers, explicit and implicit, and 8 MiB
+	// of traffic into never-touched memory pins nothing.
+	verbs::Mapping big(64 * MiB), fresh(4 * MiB);
+	verbs::Mr odp = verbs::reg_mr(pd.get(), big.data(), big.size(), kOdp);
+	verbs::Mr implicit = verbs::reg_mr(pd.get(), nullptr, SIZE_MAX, kOdp);
+	for (size_t off = 0; off < 4 * MiB; off += half.size()) {
+		CHECK(qp.rdma_write(half_mr.get(), half.data(), half.size(), odp.get(),
+				    big.data() + off) == IBV_WC_SUCCESS);
+		CHECK(qp.rdma_write(half_mr.get(), half.data(), half.size(), implicit.get(),
+				    fresh.data() + off) == IBV_WC_SUCCESS);
+	}
+	CHECK(std::to_integer<int>(big.data()[4 * MiB - 1]) == 0x5a);
+	CHECK(std::to_integer<int>(fresh.data()[4 * MiB - 1]) == 0x5a);
+	CHECK(vm_pin_kib() == pinned_before + 512);
+	std::printf("odp: 64 MiB explicit and implicit MRs, 8 MiB written, VmPin still "
+		    "512 KiB\n");
+
+	// What deregistration gives back can be pinned again, up to the limit.
+	half_mr.reset();
+	CHECK(vm_pin_kib() == pinned_before);
+	CHECK_RC(reg_errno(pd.get(), whole.data(), whole.size(), kPinned), 0);
+	std::printf("pinned: after deregistration, 1 MiB (the limit) registers\n");
+}
+
+// This process's memory cgroup's memory.current.
+size_t memcg_current()
+{
+	std::ifstream self("/proc/self/cgroup");
+	std::string line;
+	std::getline(self, line);
+	CHECK(line.rfind("0::", 0) == 0); // cgroup v2
+	std::ifstream current("/sys/fs/cgroup" + line.substr(3) + "/memory.current");
+	size_t bytes = 0;
+	CHECK(current >> bytes);
+	return bytes;
+}
+
+// An address range with nothing behind it: watches need no memory mapped.
+void *reserve(size_t len)
+{
+	void *p = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	CHECK(p != MAP_FAILED);
+	return p;
+}
+
+void watch_charge(size_t n)
+{
+	const size_t page = sysconf(_SC_PAGESIZE);
+	auto *base = static_cast<std::byte *>(reserve(n * page));
+	const size_t before = memcg_current();
+	size_t with = 0;
+	{
+		Memwatch mw(n);
+		const size_t empty = memcg_current();
+		for (size_t i = 0; i < n; i++)
+			mw.add(base + i * page, page, i);
+		with = memcg_current();
+		std::printf("memwatch: %zu bytes; each watch: %.1f bytes\n", empty - before,
+			    double(with - empty) / double(n));
+	}
+	// Freed objects are uncharged at once; RCU-freed ones after a grace period.
+	std::this_thread::sleep_for(std::chrono::seconds(1));
+	std::printf("memory.current before %zu with %zu after %zu\n", before, with,
+		    memcg_current());
+	munmap(base, n * page);
+}
+
+void watch_flood()
+{
+	const size_t page = sysconf(_SC_PAGESIZE);
+	const size_t max = 1 << 20; // MEMWATCH_MAX_SLOTS: the per-descriptor limit
+	auto *base = static_cast<std::byte *>(reserve(max * page));
+	Memwatch mw(max);
+	for (size_t i = 0; i < max; i++) {
+		try {
+			mw.add(base + i * page, page, i);
+		} catch (const verbs::Error &e) {
+			std::printf("stopped after %zu watches: errno %d (%s)\n", i, e.err(),
+				    std::strerror(e.err()));
+			return;
+		}
+		if (i % 10000 == 0) {
+			std::printf("%zu watches\n", i);
+			std::fflush(stdout); // the OOM killer may be next
+		}
+	}
+	std::printf("stopped after %zu watches: the descriptor's limit\n", max);
+}
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+	const std::string mode = argc > 1 ? argv[1] : "";
+	try {
+		if (mode == "memlock")
+			memlock();
+		else if (mode == "watch-charge" && argc > 2)
+			watch_charge(std::stoul(argv[2]));
+		else if (mode == "watch-flood")
+			watch_flood();
+		else {
+			std::fprintf(stderr, "usage: %s memlock | watch-charge N | watch-flood\n",
+				     argv[0]);
+			return 2;
+		}
+	} catch (const std::exception &e) {
+		std::fprintf(stderr, "%s: %s\n", mode.c_str(), e.what());
+		return 1;
+	}
+	return 0;
+}
