@@ -3,8 +3,10 @@
 start (libprovider/tests/failnth_sweep.cpp): the 1st, 2nd, ... kernel
 allocation of each fails in turn through the task's fail-nth until the
 operation gets through; every failure must give a clean errno and leave
-nothing behind. Needs a kernel with fault injection (the debug kernel); the
-guest's kmemleak scan after the run finds what a failure path leaked."""
+nothing behind. Then what fail-nth cannot reach, rxe's work items: traffic
+while failslab and fail_page_alloc fail 5% of the allocations made under
+rxe. Needs a kernel with fault injection (the debug kernel); the guest's
+kmemleak scan after the run finds what a failure path leaked."""
 import os
 import re
 import subprocess
@@ -47,3 +49,92 @@ def test_allocation_failures(operation):
     assert m, r.stdout
     # An operation that allocates nothing would not test anything.
     assert int(m.group(1)) > 0, r.stdout
+
+
+TRAFFIC = "/out/guest/bin/odpwatch-teardown"
+DEBUGFS = "/sys/kernel/debug"
+
+
+def rxe_odp_text():
+    """The address range of rxe's ODP functions (rxe_odp_mr.c, rxe_odp_data.c):
+    built in, they are the last stretch of rxe's .text. It ends where the next
+    function after the last rxe_odp_/rxe_ib_advise_mr one starts."""
+    text = []
+    with open("/proc/kallsyms") as f:
+        for line in f:
+            addr, kind, name = line.split()[:3]
+            if kind in "tT":
+                text.append((int(addr, 16), name))
+    text.sort()
+    bounds = {name: addr for addr, name in text if name in ("_stext", "_etext")}
+    odp = [i for i, (addr, name) in enumerate(text)
+           if (name.startswith("rxe_odp_") or name == "rxe_ib_advise_mr") and
+           bounds["_stext"] <= addr < bounds["_etext"]]
+    assert odp and text[odp[0]][0], "no rxe ODP functions in /proc/kallsyms (root?)"
+    return text[odp[0]][0], text[odp[-1] + 1][0]
+
+
+def stacktrace_filter():
+    return os.path.exists(os.path.join(DEBUGFS, "failslab", "require-start"))
+
+
+INJECTIONS = 1000000  # "times": counts down with each failure injected
+
+
+@pytest.fixture
+def failures_in_rxe_odp():
+    """failslab and fail_page_alloc at 2% for every task, but only for
+    allocations with one of rxe's ODP functions on the stack: registration,
+    child creation, the faults of the responder (queued and in place) and of
+    prefetch, the fault and prefetch work items. Yields a function that
+    counts the failures injected so far."""
+    start, end = rxe_odp_text()
+    knobs = {}
+    for attr in ("failslab", "fail_page_alloc"):
+        want = {"interval": "1", "times": str(INJECTIONS), "verbose": "0",
+                "task-filter": "N", "require-start": str(start),
+                "require-end": str(end), "ignore-gfp-wait": "N"}
+        if attr == "fail_page_alloc":
+            want.update({"min-order": "0", "ignore-gfp-highmem": "N"})
+        want["probability"] = "2"  # last: the filter is in place by then
+        for name, value in want.items():
+            path = os.path.join(DEBUGFS, attr, name)
+            with open(path) as f:
+                knobs[path] = f.read().strip()
+            with open(path, "w") as f:
+                f.write(value)
+
+    def injected():
+        n = 0
+        for attr in ("failslab", "fail_page_alloc"):
+            with open(os.path.join(DEBUGFS, attr, "times")) as f:
+                n += INJECTIONS - int(f.read())
+        return n
+
+    yield injected
+    # Probability first: stop failing before the filter widens again.
+    for path in sorted(knobs, key=lambda p: not p.endswith("probability")):
+        with open(path, "w") as f:
+            f.write(knobs[path])
+
+
+@pytest.mark.skipif(not fault_injection(),
+                    reason="no /proc/thread-self/fail-nth: kernel without CONFIG_FAULT_INJECTION "
+                           "(the debug kernel runs this)")
+@pytest.mark.skipif(not stacktrace_filter(),
+                    reason="no failslab/require-start: kernel without "
+                           "CONFIG_FAULT_INJECTION_STACKTRACE_FILTER (the debug kernel has it)")
+def test_rxe_odp_under_failslab(failures_in_rxe_odp):
+    """The faults fail-nth cannot reach: those in rxe's work items. Every
+    transfer must end with the right bytes or a clean error, failures must
+    have been injected (or the test tested nothing), and some transfers must
+    get through."""
+    r = subprocess.run([TRAFFIC, "tolerant", "32"], capture_output=True, text=True,
+                       timeout=1200)
+    injected = failures_in_rxe_odp()
+    print(r.stdout, r.stderr, f"{injected} allocation failures injected")
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"tolerant: 32 MiB, (\d+) written and checked", r.stdout)
+    assert m, r.stdout
+    assert injected > 0, "no allocation under rxe's ODP code was failed"
+    assert int(m.group(1)) > 0, "nothing got through at 2% failures"
