@@ -6,7 +6,7 @@
 #   run-vm.sh JOB DIR BZIMAGE ROOTFS [STOCK]    JOB: check, demo or vm; DIR under $OUT
 # STOCK: a root filesystem with Debian's own rdma-core, shared read-only
 # (tag stock) so the guest can run Debian's rdma-core tests beside ours.
-# Env: TIMEOUT (seconds, default 1800), VM_MEM (default 4G).
+# Env: TIMEOUT (seconds, default 1800), VM_MEM (default 4G), VM_CPUS (default 2).
 . "$(dirname "$0")/lib.sh"
 
 job=$1 dir=$OUT/$2 kernel=$3 rootfs=$4 stock=${5:-}
@@ -16,7 +16,7 @@ rm -f "$dir/status" "$dir/console.log" "$dir/output"
 log=$dir/console.log
 share() { echo "-fsdev local,id=$1,path=$2,security_model=passthrough$3 -device virtio-9p-pci,fsdev=$1,mount_tag=$1"; }
 # shellcheck disable=SC2046
-qemu-system-x86_64 -machine pc -accel tcg,thread=multi -cpu max -smp 2 -m "${VM_MEM:-4G}" \
+qemu-system-x86_64 -machine pc -accel tcg,thread=multi -cpu max -smp "${VM_CPUS:-2}" -m "${VM_MEM:-4G}" \
 	-nic none -display none -no-reboot -monitor none \
 	-serial "file:$log" -kernel "$kernel" \
 	-append "console=ttyS0 root=rootfs rootfstype=9p rootflags=trans=virtio,version=9p2000.L,msize=512000 ro init=/sbin/odpwatch-init panic=-1 odpwatch.job=$job odpwatch.dir=$2" \
