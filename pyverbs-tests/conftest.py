@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: GPL-2.0
 """Fixtures for odpwatch's pyverbs tests: the rxe device and a loopback RC QP."""
+import contextlib
 import ctypes
 import os
+import subprocess
 import time
 
 import pytest
@@ -125,6 +127,31 @@ class LoopbackQP:
         self.qp.post_send(SendWR(opcode=e.IBV_WR_SEND, num_sge=1,
                                  sg=[SGE(src_addr, length, src_mr.lkey)]))
         return self.wait(), self.wait()
+
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+@contextlib.contextmanager
+def memory_cgroup(name, max_bytes=None):
+    """A child cgroup of the cgroup2 root with the memory controller on (and
+    memory.max if given); yields its path and removes it after."""
+    if not os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.controllers")):
+        subprocess.run(["mount", "-t", "cgroup2", "none", CGROUP_ROOT], check=True)
+    with open(os.path.join(CGROUP_ROOT, "cgroup.subtree_control"), "w") as f:
+        f.write("+memory")
+    path = os.path.join(CGROUP_ROOT, name)
+    os.makedirs(path, exist_ok=True)
+    if max_bytes is not None:
+        with open(os.path.join(path, "memory.max"), "w") as f:
+            f.write(str(max_bytes))
+    yield path
+    for _ in range(100):  # a killed process may take a moment to go
+        try:
+            os.rmdir(path)
+            break
+        except OSError:
+            time.sleep(0.1)
 
 
 @pytest.fixture

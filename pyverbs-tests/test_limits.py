@@ -8,29 +8,18 @@ import os
 import re
 import signal
 import subprocess
-import time
 
 import pytest
 
+from conftest import memory_cgroup
+
 PROBE = "/out/guest/bin/odpwatch-limits"
-CGROUP_ROOT = "/sys/fs/cgroup"
 
 
 @pytest.fixture
 def memcg():
-    if not os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.controllers")):
-        subprocess.run(["mount", "-t", "cgroup2", "none", CGROUP_ROOT], check=True)
-    with open(os.path.join(CGROUP_ROOT, "cgroup.subtree_control"), "w") as f:
-        f.write("+memory")
-    path = os.path.join(CGROUP_ROOT, "odpwatch-limits")
-    os.makedirs(path, exist_ok=True)
-    yield path
-    for _ in range(100):  # a killed process may take a moment to go
-        try:
-            os.rmdir(path)
-            break
-        except OSError:
-            time.sleep(0.1)
+    with memory_cgroup("odpwatch-limits") as path:
+        yield path
 
 
 def run_in(cgroup, *args, timeout=600):

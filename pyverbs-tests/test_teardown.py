@@ -13,8 +13,9 @@ import time
 
 import pytest
 
+from conftest import memory_cgroup
+
 VICTIM = "/out/guest/bin/odpwatch-teardown"
-CGROUP_ROOT = "/sys/fs/cgroup"
 
 
 def start(mode, cgroup=None):
@@ -45,21 +46,8 @@ def finished(p, timeout):
 
 @pytest.fixture
 def memcg():
-    if not os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.controllers")):
-        subprocess.run(["mount", "-t", "cgroup2", "none", CGROUP_ROOT], check=True)
-    with open(os.path.join(CGROUP_ROOT, "cgroup.subtree_control"), "w") as f:
-        f.write("+memory")
-    path = os.path.join(CGROUP_ROOT, "odpwatch-oom")
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, "memory.max"), "w") as f:
-        f.write(str(192 << 20))
-    yield path
-    for _ in range(100):  # the killed process may take a moment to go
-        try:
-            os.rmdir(path)
-            break
-        except OSError:
-            time.sleep(0.1)
+    with memory_cgroup("odpwatch-oom", 192 << 20) as path:
+        yield path
 
 
 def events(cgroup):
