@@ -129,6 +129,13 @@ class LoopbackQP:
         return self.wait(), self.wait()
 
 
+def hw_counter(name):
+    """A port hw counter of the device; the core caches them for 10 ms."""
+    time.sleep(0.02)
+    with open(f"/sys/class/infiniband/{RDMA_DEV}/ports/1/hw_counters/{name}") as f:
+        return int(f.read())
+
+
 CGROUP_ROOT = "/sys/fs/cgroup"
 
 

@@ -7,11 +7,17 @@ nothing behind. Then what fail-nth cannot reach, rxe's work items: traffic
 while failslab and fail_page_alloc fail 5% of the allocations made under
 rxe. Needs a kernel with fault injection (the debug kernel); the guest's
 kmemleak scan after the run finds what a failure path leaked."""
+import contextlib
+import ctypes
 import os
 import re
 import subprocess
 
 import pytest
+import pyverbs.enums as e
+from pyverbs.mr import MR
+
+from conftest import hw_counter, mmap_anon, munmap
 
 BINARY = "/out/guest/bin/failnth-sweep"
 OPERATIONS = [
@@ -78,63 +84,100 @@ def stacktrace_filter():
     return os.path.exists(os.path.join(DEBUGFS, "failslab", "require-start"))
 
 
-INJECTIONS = 1000000  # "times": counts down with each failure injected
-
-
-@pytest.fixture
-def failures_in_rxe_odp():
-    """failslab and fail_page_alloc at 2% for every task, but only for
-    allocations with one of rxe's ODP functions on the stack: registration,
-    child creation, the faults of the responder (queued and in place) and of
-    prefetch, the fault and prefetch work items. Yields a function that
-    counts the failures injected so far."""
+@contextlib.contextmanager
+def rxe_odp_allocation_failures(probability, times):
+    """failslab and fail_page_alloc at @probability percent for every task,
+    each for at most @times failures, but only for allocations with one of
+    rxe's ODP functions on the stack: registration, child creation, the
+    faults of the responder (queued and in place) and of prefetch, the fault
+    and prefetch work items. Yields a function that counts the failures
+    injected so far."""
     start, end = rxe_odp_text()
     knobs = {}
-    for attr in ("failslab", "fail_page_alloc"):
-        want = {"interval": "1", "times": str(INJECTIONS), "verbose": "0",
-                "task-filter": "N", "require-start": str(start),
-                "require-end": str(end), "ignore-gfp-wait": "N"}
-        if attr == "fail_page_alloc":
-            want.update({"min-order": "0", "ignore-gfp-highmem": "N"})
-        want["probability"] = "2"  # last: the filter is in place by then
-        for name, value in want.items():
-            path = os.path.join(DEBUGFS, attr, name)
-            with open(path) as f:
-                knobs[path] = f.read().strip()
-            with open(path, "w") as f:
-                f.write(value)
-
-    def injected():
-        n = 0
+    try:
         for attr in ("failslab", "fail_page_alloc"):
-            with open(os.path.join(DEBUGFS, attr, "times")) as f:
-                n += INJECTIONS - int(f.read())
-        return n
+            want = {"interval": "1", "times": str(times), "verbose": "0",
+                    "task-filter": "N", "require-start": str(start),
+                    "require-end": str(end), "ignore-gfp-wait": "N"}
+            if attr == "fail_page_alloc":
+                want.update({"min-order": "0", "ignore-gfp-highmem": "N"})
+            want["probability"] = str(probability)  # last: the filter is in place by then
+            for name, value in want.items():
+                path = os.path.join(DEBUGFS, attr, name)
+                with open(path) as f:
+                    knobs[path] = f.read().strip()
+                with open(path, "w") as f:
+                    f.write(value)
 
-    yield injected
-    # Probability first: stop failing before the filter widens again.
-    for path in sorted(knobs, key=lambda p: not p.endswith("probability")):
-        with open(path, "w") as f:
-            f.write(knobs[path])
+        def injected():
+            n = 0
+            for attr in ("failslab", "fail_page_alloc"):
+                with open(os.path.join(DEBUGFS, attr, "times")) as f:
+                    n += times - int(f.read())
+            return n
+
+        yield injected
+    finally:
+        # Probability first: stop failing before the filter widens again.
+        for path in sorted(knobs, key=lambda p: not p.endswith("probability")):
+            with open(path, "w") as f:
+                f.write(knobs[path])
 
 
-@pytest.mark.skipif(not fault_injection(),
-                    reason="no /proc/thread-self/fail-nth: kernel without CONFIG_FAULT_INJECTION "
-                           "(the debug kernel runs this)")
-@pytest.mark.skipif(not stacktrace_filter(),
-                    reason="no failslab/require-start: kernel without "
-                           "CONFIG_FAULT_INJECTION_STACKTRACE_FILTER (the debug kernel has it)")
-def test_rxe_odp_under_failslab(failures_in_rxe_odp):
-    """The faults fail-nth cannot reach: those in rxe's work items. Every
-    transfer must end with the right bytes or a clean error, failures must
-    have been injected (or the test tested nothing), and some transfers must
-    get through."""
-    r = subprocess.run([TRAFFIC, "tolerant", "32"], capture_output=True, text=True,
-                       timeout=1200)
-    injected = failures_in_rxe_odp()
+needs_stacktrace_filter = pytest.mark.skipif(
+    not (fault_injection() and stacktrace_filter()),
+    reason="no failslab/require-start: kernel without CONFIG_FAULT_INJECTION_STACKTRACE_FILTER "
+           "(the debug kernel has it)")
+
+
+@needs_stacktrace_filter
+def test_rxe_odp_under_failslab():
+    """The faults fail-nth cannot reach: those in rxe's work items, at 2%.
+    Every transfer must end with the right bytes or a clean error, failures
+    must have been injected (or the test tested nothing), and some transfers
+    must get through."""
+    with rxe_odp_allocation_failures(2, 1000000) as count:
+        r = subprocess.run([TRAFFIC, "tolerant", "32"], capture_output=True, text=True,
+                           timeout=1200)
+        injected = count()
     print(r.stdout, r.stderr, f"{injected} allocation failures injected")
     assert r.returncode == 0, r.stdout + r.stderr
     m = re.search(r"tolerant: 32 MiB, (\d+) written and checked", r.stdout)
     assert m, r.stdout
     assert injected > 0, "no allocation under rxe's ODP code was failed"
     assert int(m.group(1)) > 0, "nothing got through at 2% failures"
+
+
+@needs_stacktrace_filter
+def test_responder_fault_out_of_memory_is_retried(pd, loopback):
+    """A responder fault that runs out of memory is transient: the WRITE is
+    answered RNR again, not failed. The first allocations under rxe's ODP
+    code all fail (the fault work's own, the pages, the page tables) until
+    each knob's "times" is used up; the RDMA WRITE into untouched ODP memory
+    must then complete with its bytes, and RNR NAKs must have covered the
+    failures. (Before, the first failure was remembered as permanent and the
+    retry's in-place fault, failing too, ended in IBV_WC_REM_ACCESS_ERR.)"""
+    size, times = 64 << 10, 4
+    src_buf, dst_buf = mmap_anon(size), mmap_anon(size)
+    src = MR(pd, size, e.IBV_ACCESS_LOCAL_WRITE, address=src_buf)   # pinned
+    dst = MR(pd, size, e.IBV_ACCESS_ON_DEMAND | e.IBV_ACCESS_LOCAL_WRITE |
+             e.IBV_ACCESS_REMOTE_WRITE, address=dst_buf)
+    try:
+        data = bytes((i * 13 + 5) & 0xFF for i in range(size))
+        ctypes.memmove(src_buf, data, size)
+        rnr0 = hw_counter("rcvd_rnr_err")
+        with rxe_odp_allocation_failures(100, times) as count:
+            status = loopback.rdma(e.IBV_WR_RDMA_WRITE, src, src_buf, size,
+                                   dst, dst_buf, timeout=120)
+            injected = count()
+        rnr = hw_counter("rcvd_rnr_err") - rnr0
+        print(f"{injected} allocation failures injected, {rnr} RNR NAKs, status {status}")
+        assert status == e.IBV_WC_SUCCESS, f"WRITE ended with status {status}"
+        assert ctypes.string_at(dst_buf, size) == data
+        assert injected >= times, f"only {injected} failures injected"
+        assert rnr >= 2, f"{rnr} RNR NAKs for {injected} failed allocations"
+    finally:
+        dst.close()
+        src.close()
+        munmap(src_buf, size)
+        munmap(dst_buf, size)

@@ -10,7 +10,8 @@ import pytest
 import pyverbs.enums as e
 from pyverbs.mr import MR
 
-from conftest import MADV_NOHUGEPAGE, MAP_HUGETLB, madvise, madvise_dontneed, mmap_anon, munmap
+from conftest import (MADV_NOHUGEPAGE, MAP_HUGETLB, PROT_RW, hw_counter, libc, madvise,
+                      madvise_dontneed, mmap_anon, munmap)
 
 LEN = 64 * 1024
 HUGE = 2 << 20
@@ -202,14 +203,6 @@ def test_traffic_races_invalidation(loopback, local, odp_buffer):
                          mr, buf) == e.IBV_WC_SUCCESS
     assert peek(buf, LEN) == pattern(LEN, 200)
 
-def hw_counter(name):
-    """A port hw counter of the device; the core caches them for 10 ms."""
-    import time
-    from conftest import RDMA_DEV
-    time.sleep(0.02)
-    with open(f"/sys/class/infiniband/{RDMA_DEV}/ports/1/hw_counters/{name}") as f:
-        return int(f.read())
-
 
 def test_first_touch_write_faults_off_the_qp(pd, loopback):
     """A 16 MiB RDMA WRITE into untouched ODP memory: the responder answers
@@ -235,3 +228,36 @@ def test_first_touch_write_faults_off_the_qp(pd, loopback):
         src.close()
         munmap(src_buf, size)
         munmap(dst_buf, size)
+
+
+MAP_SHARED = 0x01
+MAX_TRANSIENT = 16  # RXE_ODP_MAX_TRANSIENT: failed faults at one address answered RNR
+
+
+def test_fault_past_a_files_end_is_a_remote_access_error(pd, loopback, local):
+    """A page that is mapped but can never be faulted in (a shared file
+    mapping past the file's end): the responder cannot tell that from a
+    fault that ran out of memory, answers RNR, but at most MAX_TRANSIENT
+    times in a row, then reports the remote access error that an unmapped
+    address gets at once. Without the bound the WRITE would never end."""
+    fd = os.memfd_create("odp-past-eof")
+    buf = None
+    try:
+        os.ftruncate(fd, 4096)
+        buf = libc.mmap(None, LEN, PROT_RW, MAP_SHARED, fd, 0)
+        assert buf not in (None, ctypes.c_void_p(-1).value)
+        mr = MR(pd, LEN, ODP, address=buf)
+        try:
+            rnr0 = hw_counter("rcvd_rnr_err")
+            status = loopback.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, 4096,
+                                   mr, buf + 8192, timeout=120)
+            rnr = hw_counter("rcvd_rnr_err") - rnr0
+            print(f"status {status} after {rnr} RNR NAKs")
+            assert status == e.IBV_WC_REM_ACCESS_ERR
+            assert MAX_TRANSIENT <= rnr <= MAX_TRANSIENT + 4, f"{rnr} RNR NAKs"
+        finally:
+            mr.close()
+    finally:
+        if buf:
+            munmap(buf, LEN)
+        os.close(fd)

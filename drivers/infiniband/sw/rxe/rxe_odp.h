@@ -36,6 +36,11 @@
 #define RXE_ODP_CHURN_MS	100
 /* Responder faults queued per MR at once; more are retried by the peer. */
 #define RXE_ODP_MAX_FAULT_WORK	4
+/*
+ * Responder faults at one address that may fail for want of memory, in a
+ * row, each answered RNR, before the failure is reported to the peer.
+ */
+#define RXE_ODP_MAX_TRANSIENT	16
 
 /* Per-MR ODP counters, in pages; names as mlx5 reports them. */
 enum rxe_odp_counter {
@@ -65,6 +70,8 @@ struct rxe_odp_mr {
 	u64 rnr_va;			/* the last access answered RNR */
 	unsigned long churn;		/* jiffies of the last page dropped */
 	u64 failed_start, failed_end;
+	u64 transient_va;		/* the last address of a transient failure */
+	unsigned int transient_tries;	/* its failures in a row */
 };
 
 /* xarray mark of a child that may have no page left: reap_work checks it. */

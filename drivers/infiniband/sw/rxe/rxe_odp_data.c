@@ -27,7 +27,11 @@ static u64 rxe_odp_npages(u64 va, u64 len)
 	       PAGE_SHIFT;
 }
 
-/* Pages of [va, va + len) in @umem_odp not mapped (writable if @write). */
+/*
+ * Pages of [va, va + len) in @umem_odp not mapped (writable if @write).
+ * Exact under umem_mutex; without it, a hint that an invalidation or a
+ * fault may change at once (the page list itself lives as long as the umem).
+ */
 static u64 rxe_odp_absent(struct ib_umem_odp *umem_odp, u64 va, u64 len,
 			  bool write)
 {
@@ -36,9 +40,8 @@ static u64 rxe_odp_absent(struct ib_umem_odp *umem_odp, u64 va, u64 len,
 	u64 last = (va + len - 1 - ib_umem_start(umem_odp)) >> PAGE_SHIFT;
 	u64 absent = 0;
 
-	lockdep_assert_held(&umem_odp->umem_mutex);
 	for (; idx <= last; idx++)
-		if ((umem_odp->map.pfn_list[idx] & need) != need)
+		if ((READ_ONCE(umem_odp->map.pfn_list[idx]) & need) != need)
 			absent++;
 	return absent;
 }
@@ -155,12 +158,17 @@ static int rxe_odp_walk_chunk(struct rxe_mr *mr, const struct rxe_odp_chunk *c,
 	err = rxe_odp_map_and_lock(mr, c->umem_odp, c->va, c->len, w->write);
 	if (err)
 		return err;
-	err = rxe_odp_each_page(c->umem_odp, c->va, c->len, w->fn, w->arg);
+	if (w->fn)
+		err = rxe_odp_each_page(c->umem_odp, c->va, c->len, w->fn,
+					w->arg);
 	mutex_unlock(&c->umem_odp->umem_mutex);
 	return err;
 }
 
-/* Apply @fn to [iova, iova + len) of @mr, with every page present. */
+/*
+ * Apply @fn to [iova, iova + len) of @mr, with every page present; a NULL
+ * @fn only faults in what is absent.
+ */
 static int rxe_odp_walk(struct rxe_mr *mr, u64 iova, u64 len, bool write,
 			rxe_odp_page_fn fn, void *arg)
 {
@@ -457,7 +465,11 @@ int rxe_ib_advise_mr(struct ib_pd *ibpd, enum ib_uverbs_advise_mr_advice advice,
 	return 0;
 }
 
-/* Pages of [va, va + len) of @mr absent; a missing child counts as absent. */
+/*
+ * Whether every page of [va, va + len) of @mr is mapped; a missing child
+ * counts as absent. Read without umem_mutex: the access itself checks
+ * again under it, and faults in place what an invalidation took since.
+ */
 static bool rxe_odp_all_present(struct rxe_mr *mr, u64 va, u64 len, bool write)
 {
 	struct ib_umem_odp *root = to_ib_umem_odp(mr->umem);
@@ -466,10 +478,7 @@ static bool rxe_odp_all_present(struct rxe_mr *mr, u64 va, u64 len, bool write)
 	if (!root->is_implicit_odp) {
 		if (va < ib_umem_start(root) || va + len > ib_umem_end(root))
 			return true;	/* out of range: let the access fail */
-		mutex_lock(&root->umem_mutex);
-		present = !rxe_odp_absent(root, va, len, write);
-		mutex_unlock(&root->umem_mutex);
-		return present;
+		return !rxe_odp_absent(root, va, len, write);
 	}
 	down_read(&mr->odp->children_sem);
 	while (len && present) {
@@ -482,9 +491,7 @@ static bool rxe_odp_all_present(struct rxe_mr *mr, u64 va, u64 len, bool write)
 			break;
 		}
 		chunk = min(len, ib_umem_end(child) - va);
-		mutex_lock(&child->umem_mutex);
 		present = !rxe_odp_absent(child, va, chunk, write);
-		mutex_unlock(&child->umem_mutex);
 		va += chunk;
 		len -= chunk;
 	}
@@ -510,6 +517,76 @@ static u64 rxe_odp_mapped_after(struct rxe_mr *mr, u64 va)
 	return bytes;
 }
 
+/*
+ * Whether every page of [va, va + len) lies in a mapping that allows the
+ * access, one a fault can fill (not I/O or raw PFNs).
+ */
+static bool rxe_odp_vma_allows(struct rxe_mr *mr, u64 va, u64 len, bool write)
+{
+	struct mm_struct *mm = mr->umem->owning_mm;
+	vm_flags_t need = write ? VM_WRITE : VM_READ;
+	struct vm_area_struct *vma;
+	u64 end = va + len;
+	bool ok = true;
+
+	if (!mmget_not_zero(mm))
+		return false;
+	mmap_read_lock(mm);
+	while (ok && va < end) {
+		vma = vma_lookup(mm, va);
+		ok = vma && (vma->vm_flags & need) &&
+		     !(vma->vm_flags & (VM_IO | VM_PFNMAP));
+		if (ok)
+			va = vma->vm_end;
+	}
+	mmap_read_unlock(mm);
+	mmput(mm);
+	return ok;
+}
+
+/*
+ * A responder fault at @va failed with @err. It is transient, and worth
+ * another RNR round, if a new try may succeed: the address is still mapped
+ * for the access and the fault ran out of memory (hmm_range_fault() says
+ * -EFAULT for a page or page table it could not allocate) or raced with a
+ * change of the mapping. At most RXE_ODP_MAX_TRANSIENT times in a row for
+ * one address, so a mapping that never faults in (a file's hole past its
+ * end) still ends in the remote access error that an unmapped address gets
+ * at once.
+ */
+static bool rxe_odp_fault_transient(struct rxe_mr *mr, u64 va, u64 len,
+				    bool write, int err)
+{
+	struct rxe_odp_mr *odp = mr->odp;
+	bool transient;
+
+	if (err != -ENOMEM && err != -EFAULT && err != -EBUSY && err != -EAGAIN)
+		return false;
+	if (!rxe_odp_vma_allows(mr, va, len, write))
+		return false;
+	spin_lock(&odp->fault_lock);
+	if (odp->transient_va != va) {
+		odp->transient_va = va;
+		odp->transient_tries = 0;
+	}
+	transient = ++odp->transient_tries <= RXE_ODP_MAX_TRANSIENT;
+	spin_unlock(&odp->fault_lock);
+	return transient;
+}
+
+/* A responder fault at @va succeeded: its run of transient failures ends. */
+static void rxe_odp_fault_done(struct rxe_mr *mr, u64 va)
+{
+	struct rxe_odp_mr *odp = mr->odp;
+
+	if (READ_ONCE(odp->transient_va) != va)
+		return;
+	spin_lock(&odp->fault_lock);
+	if (odp->transient_va == va)
+		odp->transient_va = U64_MAX;
+	spin_unlock(&odp->fault_lock);
+}
+
 struct rxe_odp_fault_work {
 	struct work_struct work;
 	struct rxe_mr *mr;
@@ -520,9 +597,10 @@ struct rxe_odp_fault_work {
 
 /*
  * A responder fault, off the QP's task: the access itself, then best effort
- * the fault-around window. A failure is remembered so that the retried
- * access faults synchronously and reports it (remote access error) rather
- * than being answered RNR forever.
+ * the fault-around window. A permanent failure is remembered so that the
+ * retried access faults in place and reports it (remote access error)
+ * rather than being answered RNR forever; after a transient one the retry
+ * faults in place and may be answered RNR again.
  */
 static void rxe_odp_fault_work(struct work_struct *w)
 {
@@ -533,11 +611,13 @@ static void rxe_odp_fault_work(struct work_struct *w)
 	u64 window = (u64)READ_ONCE(odp_fault_around_kb) * SZ_1K;
 	u64 around = window - min_t(u64, work->len, window);
 	u64 va = rxe_odp_va(mr, work->iova);
+	bool failed = false;
 	int err;
 
 	err = rxe_odp_map_range(mr, work->iova, work->len, work->write, true,
 				RXE_ODP_PAGE_FAULTS_HANDLED);
 	if (!err) {
+		rxe_odp_fault_done(mr, va);
 		/* Within the MR and the mapping: a hole would fail it all. */
 		around = min(around, rxe_odp_mapped_after(mr, va + work->len));
 		if (!rxe_odp_is_implicit(mr))
@@ -545,9 +625,12 @@ static void rxe_odp_fault_work(struct work_struct *w)
 				     (work->iova + work->len));
 		rxe_odp_map_range(mr, work->iova + work->len, around,
 				  work->write, true, RXE_ODP_PAGE_FAULTS_HANDLED);
+	} else {
+		failed = !rxe_odp_fault_transient(mr, va, work->len,
+						  work->write, err);
 	}
 	spin_lock(&odp->fault_lock);
-	if (err) {
+	if (failed) {
 		odp->failed_start = va;
 		odp->failed_end = va + work->len;
 	}
@@ -570,11 +653,35 @@ static enum resp_states rxe_odp_rnr(struct rxe_qp *qp)
 }
 
 /*
+ * Fault in, in the QP's task, what the access's first packet touches (a
+ * READ's later packets fault as their responses are built): a transient
+ * failure is answered RNR, a permanent one is the remote access error.
+ */
+static enum resp_states rxe_odp_fault_in_place(struct rxe_qp *qp,
+					       struct rxe_mr *mr, u64 iova,
+					       u32 len, bool write)
+{
+	u64 va = rxe_odp_va(mr, iova);
+	int err;
+
+	len = min_t(u32, len, qp->mtu);
+	err = rxe_odp_walk(mr, iova, len, write, NULL, NULL);
+	if (!err) {
+		rxe_odp_fault_done(mr, va);
+		return RESPST_NONE;
+	}
+	if (rxe_odp_fault_transient(mr, va, len, write, err))
+		return rxe_odp_rnr(qp);
+	return RESPST_ERR_RKEY_VIOLATION;
+}
+
+/*
  * The responder's check before it touches an ODP MR through an rkey. If a
  * page of [iova, iova + len) is absent, the fault is queued and the request
  * answered with an RNR NAK: the QP's task never sleeps on a page fault of a
  * remote access, and the requester retries after its RNR timer. Returns
- * RESPST_ERR_RNR for that, RESPST_NONE to go on with the access.
+ * RESPST_ERR_RNR for that, RESPST_NONE to go on with the access, or
+ * RESPST_ERR_RKEY_VIOLATION when the pages cannot be brought in.
  */
 enum resp_states rxe_odp_resp_check(struct rxe_qp *qp, struct rxe_mr *mr,
 				    u64 iova, u32 len, bool write)
@@ -593,7 +700,7 @@ enum resp_states rxe_odp_resp_check(struct rxe_qp *qp, struct rxe_mr *mr,
 	 */
 	if (time_before(jiffies, READ_ONCE(odp->churn) +
 			msecs_to_jiffies(RXE_ODP_CHURN_MS)))
-		return RESPST_NONE;
+		return rxe_odp_fault_in_place(qp, mr, iova, len, write);
 
 	spin_lock(&odp->fault_lock);
 	if (va < odp->failed_end && va + len > odp->failed_start) {
@@ -604,8 +711,9 @@ enum resp_states rxe_odp_resp_check(struct rxe_qp *qp, struct rxe_mr *mr,
 	} else if (va == odp->rnr_va) {
 		/*
 		 * Answered RNR once already and still absent: the fault is
-		 * slow, or the pages were invalidated again. Fault in place,
-		 * under the umem lock, so the access surely makes progress.
+		 * slow, failed for want of memory, or the pages were
+		 * invalidated again. Fault in place, under the umem lock, so
+		 * the access surely makes progress.
 		 */
 		odp->rnr_va = U64_MAX;
 		sync = true;
@@ -618,18 +726,18 @@ enum resp_states rxe_odp_resp_check(struct rxe_qp *qp, struct rxe_mr *mr,
 	}
 	spin_unlock(&odp->fault_lock);
 	if (sync)
-		return RESPST_NONE;
+		return rxe_odp_fault_in_place(qp, mr, iova, len, write);
 	if (!queue)
 		return rxe_odp_rnr(qp);
 
-	rxe_odp_count(mr, RXE_ODP_PAGE_FAULTS, rxe_odp_npages(va, len));
 	work = kzalloc_obj(*work, GFP_NOWAIT);
 	if (!work) {
 		spin_lock(&odp->fault_lock);
 		odp->faults_queued--;
 		spin_unlock(&odp->fault_lock);
-		return RESPST_NONE;	/* no memory: fault synchronously */
+		return rxe_odp_fault_in_place(qp, mr, iova, len, write);
 	}
+	rxe_odp_count(mr, RXE_ODP_PAGE_FAULTS, rxe_odp_npages(va, len));
 	INIT_WORK(&work->work, rxe_odp_fault_work);
 	rxe_get(mr);
 	work->mr = mr;
