@@ -25,6 +25,28 @@ Spread spread_of(std::vector<double> v)
 	return s;
 }
 
+std::vector<Spread> measure_interleaved(unsigned reps, double ops,
+					const std::vector<std::function<void()>> &bodies)
+{
+	const size_t n = bodies.size();
+	std::vector<std::vector<double>> samples(n);
+	for (const auto &body : bodies)
+		body();
+	for (unsigned r = 0; r < reps; r++)
+		for (size_t k = 0; k < n; k++) {
+			const size_t b = (r + k) % n;
+			auto t0 = std::chrono::steady_clock::now();
+			bodies[b]();
+			auto t1 = std::chrono::steady_clock::now();
+			samples[b].push_back(
+				std::chrono::duration<double, std::nano>(t1 - t0).count() / ops);
+		}
+	std::vector<Spread> spreads;
+	for (auto &s : samples)
+		spreads.push_back(spread_of(std::move(s)));
+	return spreads;
+}
+
 double Report::ratio(const Row &r) const
 {
 	for (const Row &b : rows_)

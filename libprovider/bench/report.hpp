@@ -38,6 +38,12 @@ template <class Body> Spread measure(unsigned reps, double ops, Body &&body)
 	return spread_of(std::move(samples));
 }
 
+// Like measure(), for bodies compared with each other: after one untimed run
+// of each, every rep runs each body once, in an order that rotates from rep
+// to rep, so a drift in the machine's speed during the run falls on all alike.
+std::vector<Spread> measure_interleaved(unsigned reps, double ops,
+					const std::vector<std::function<void()>> &bodies);
+
 struct Row {
 	std::string group;   // what is measured, e.g. "munmap of an unwatched page"
 	std::string param;   // the size of the work, e.g. "100000 watches"
