@@ -239,6 +239,8 @@ def main():
         "same run (the *against* column). Below 1 is faster than the baseline. The range next to it "
         "is the row's own min and max over the same baseline median.",
         "- Absolute times are those of a TCG-emulated machine: compare ratios, not times.",
+        "- The ODP steady-state bandwidth rows and their pinned baseline run interleaved, one of "
+        "each per repetition: the machine's drift during the run cannot favour one of them.",
         "- Each figure plots the ratios of one table. Lines over a growing work size show how the "
         "figure scales (see also *Cost growth*).",
         "- The raw rows are the CSV files next to this report.",
