@@ -74,7 +74,8 @@ def roce_v2_ipv4_gid_index(dev, port=1):
 class LoopbackQP:
     """An RC QP connected to itself: RDMA goes through the whole transport."""
 
-    def __init__(self, ctx, pd, port=1):
+    def __init__(self, ctx, pd, port=1, connect=True):
+        """connect=False leaves the QP in INIT, for connect() to another."""
         self.cq = CQ(ctx, 16)
         cap = QPCap(max_send_wr=8, max_recv_wr=8, max_send_sge=1, max_recv_sge=1)
         init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap)
@@ -85,7 +86,6 @@ class LoopbackQP:
         gid_index = roce_v2_ipv4_gid_index(RDMA_DEV, port)
         gr = GlobalRoute(dgid=ctx.query_gid(port, gid_index), sgid_index=gid_index)
         attr.ah_attr = AHAttr(port_num=port, is_global=1, gr=gr)
-        attr.dest_qp_num = self.qp.qp_num
         attr.path_mtu = e.IBV_MTU_1024
         attr.max_dest_rd_atomic = 1
         attr.max_rd_atomic = 1
@@ -94,7 +94,24 @@ class LoopbackQP:
         attr.retry_cnt = 7
         attr.rnr_retry = 7
         attr.rq_psn = attr.sq_psn = 0
-        self.qp.to_rts(attr)
+        self.attr = attr
+        if connect:
+            self.connect(self.qp.qp_num)
+
+    def connect(self, dest_qp_num):
+        """Bring the QP to RTS towards QP @dest_qp_num of the same device."""
+        self.attr.dest_qp_num = dest_qp_num
+        self.qp.to_rts(self.attr)
+
+    @classmethod
+    def pair(cls, ctx, pd):
+        """Two QPs connected to each other: a responder's error (which moves
+        it to the error state) then cannot flush the requester's request
+        before the NAK completes it, as it may on a QP connected to itself."""
+        a, b = cls(ctx, pd, connect=False), cls(ctx, pd, connect=False)
+        a.connect(b.qp.qp_num)
+        b.connect(a.qp.qp_num)
+        return a, b
 
     def wait(self, timeout=30.0):
         """The status of the next completion."""

@@ -10,8 +10,8 @@ import pytest
 import pyverbs.enums as e
 from pyverbs.mr import MR
 
-from conftest import (MADV_NOHUGEPAGE, MAP_HUGETLB, PROT_RW, hw_counter, libc, madvise,
-                      madvise_dontneed, mmap_anon, munmap)
+from conftest import (MADV_NOHUGEPAGE, MAP_HUGETLB, PROT_RW, LoopbackQP, hw_counter, libc,
+                      madvise, madvise_dontneed, mmap_anon, munmap)
 
 LEN = 64 * 1024
 HUGE = 2 << 20
@@ -234,12 +234,13 @@ MAP_SHARED = 0x01
 MAX_TRANSIENT = 16  # RXE_ODP_MAX_TRANSIENT: failed faults at one address answered RNR
 
 
-def test_fault_past_a_files_end_is_a_remote_access_error(pd, loopback, local):
+def test_fault_past_a_files_end_is_a_remote_access_error(ctx, pd, local):
     """A page that is mapped but can never be faulted in (a shared file
     mapping past the file's end): the responder cannot tell that from a
     fault that ran out of memory, answers RNR, but at most MAX_TRANSIENT
     times in a row, then reports the remote access error that an unmapped
     address gets at once. Without the bound the WRITE would never end."""
+    requester, _responder = LoopbackQP.pair(ctx, pd)
     fd = os.memfd_create("odp-past-eof")
     buf = None
     try:
@@ -249,8 +250,8 @@ def test_fault_past_a_files_end_is_a_remote_access_error(pd, loopback, local):
         mr = MR(pd, LEN, ODP, address=buf)
         try:
             rnr0 = hw_counter("rcvd_rnr_err")
-            status = loopback.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, 4096,
-                                   mr, buf + 8192, timeout=120)
+            status = requester.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, 4096,
+                                    mr, buf + 8192, timeout=120)
             rnr = hw_counter("rcvd_rnr_err") - rnr0
             print(f"status {status} after {rnr} RNR NAKs")
             assert status == e.IBV_WC_REM_ACCESS_ERR
