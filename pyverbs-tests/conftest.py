@@ -72,7 +72,8 @@ def roce_v2_ipv4_gid_index(dev, port=1):
 
 
 class LoopbackQP:
-    """An RC QP connected to itself: RDMA goes through the whole transport."""
+    """An RC QP connected to itself (or, with pair(), two connected to each
+    other): RDMA goes through the whole transport."""
 
     def __init__(self, ctx, pd, port=1, connect=True):
         """connect=False leaves the QP in INIT, for connect() to another."""

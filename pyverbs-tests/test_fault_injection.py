@@ -4,8 +4,9 @@ start (libprovider/tests/failnth_sweep.cpp): the 1st, 2nd, ... kernel
 allocation of each fails in turn through the task's fail-nth until the
 operation gets through; every failure must give a clean errno and leave
 nothing behind. Then what fail-nth cannot reach, rxe's work items: traffic
-while failslab and fail_page_alloc fail 5% of the allocations made under
-rxe. Needs a kernel with fault injection (the debug kernel); the guest's
+while failslab and fail_page_alloc fail 2% of the allocations made under
+rxe's ODP code, and a WRITE whose responder fault finds its first
+allocations all failing. Needs a kernel with fault injection (the debug kernel); the guest's
 kmemleak scan after the run finds what a failure path leaked."""
 import contextlib
 import ctypes
