@@ -151,13 +151,11 @@ void bench_bandwidth(Report &rep, const Options &o, ibv_context *ctx, ibv_pd *pd
 			verbs::Mr pinned = verbs::reg_mr(pd, rp.data(), t.total, kRemote);
 			verbs::Mr odp = verbs::reg_mr(pd, re.data(), t.total, kRemote | kOdp);
 			verbs::Mr implicit = verbs::reg_mr(pd, nullptr, SIZE_MAX, kRemote | kOdp);
-			auto run = [&](const verbs::Mr &mr, const verbs::Mapping &r) {
-				return [&, m = mr.get(), rr = &r] {
-					move(qp, op, local.get(), lbuf, m, *rr, t);
-				};
-			};
 			auto s = measure_interleaved(
-				o.reps, mib, {run(pinned, rp), run(odp, re), run(implicit, ri)});
+				o.reps, mib,
+				{[&] { move(qp, op, local.get(), lbuf, pinned.get(), rp, t); },
+				 [&] { move(qp, op, local.get(), lbuf, odp.get(), re, t); },
+				 [&] { move(qp, op, local.get(), lbuf, implicit.get(), ri, t); }});
 			rep.add({g, w, "pinned", s[0], base,
 				 "ns per MiB; interleaved with the next two"});
 			rep.add({g, w, "ODP steady state", s[1], base, "pages present"});

@@ -23,26 +23,19 @@ struct Spread {
 
 Spread spread_of(std::vector<double> ns_per_op);
 
+// Like measure() below, for bodies compared with each other: after one
+// untimed run of each, every rep runs each body once, in an order that
+// rotates from rep to rep, so a drift in the machine's speed during the run
+// falls on all alike.
+std::vector<Spread> measure_interleaved(unsigned reps, double ops,
+					const std::vector<std::function<void()>> &bodies);
+
 // Times body() (which performs @ops operations) @reps times, after one
 // untimed run that warms caches and QEMU's translated code.
 template <class Body> Spread measure(unsigned reps, double ops, Body &&body)
 {
-	std::vector<double> samples;
-	body();
-	for (unsigned r = 0; r < reps; r++) {
-		auto t0 = std::chrono::steady_clock::now();
-		body();
-		auto t1 = std::chrono::steady_clock::now();
-		samples.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / ops);
-	}
-	return spread_of(std::move(samples));
+	return measure_interleaved(reps, ops, {std::function<void()>(body)})[0];
 }
-
-// Like measure(), for bodies compared with each other: after one untimed run
-// of each, every rep runs each body once, in an order that rotates from rep
-// to rep, so a drift in the machine's speed during the run falls on all alike.
-std::vector<Spread> measure_interleaved(unsigned reps, double ops,
-					const std::vector<std::function<void()>> &bodies);
 
 struct Row {
 	std::string group;   // what is measured, e.g. "munmap of an unwatched page"
