@@ -13,16 +13,18 @@ run() { "$TOP/scripts/in-chroot.sh" "$rootfs" "$ksrc" "$kbuild" -- "$@"; }
 
 log "guest: kselftests ($selftests)"
 rm -rf "$OUT/guest/selftests"
-run make -s -C /kernel/src/tools/testing/selftests TARGETS="$selftests" \
+run_with_progress "guest: kselftests" "$OUT/guest/selftests-build.log" last_line \
+	run make -s -C /kernel/src/tools/testing/selftests TARGETS="$selftests" \
 	O=/out/guest/selftests-build KHDR_INCLUDES="-isystem /kernel/build/usr/include" \
-	INSTALL_PATH=/out/guest/selftests install >"$OUT/guest/selftests-build.log" 2>&1 ||
+	INSTALL_PATH=/out/guest/selftests install ||
 	{ tail -30 "$OUT/guest/selftests-build.log" >&2; die "kselftest build failed; log: $OUT/guest/selftests-build.log"; }
 
 log "guest: libprovider (C++20)"
-run sh -c 'cmake -S /odpwatch/libprovider -B /out/guest/libprovider-build -DCMAKE_INSTALL_PREFIX=/out/guest \
+run_with_progress "guest: libprovider" "$OUT/guest/libprovider-build.log" cmake_percent \
+	run sh -c 'cmake -S /odpwatch/libprovider -B /out/guest/libprovider-build -DCMAKE_INSTALL_PREFIX=/out/guest \
 		-DODPWATCH_KERNEL_HEADERS=/kernel/build/usr/include >/dev/null &&
 	cmake --build /out/guest/libprovider-build -j'"$(nproc)"' &&
-	cmake --install /out/guest/libprovider-build >/dev/null' >"$OUT/guest/libprovider-build.log" 2>&1 ||
+	cmake --install /out/guest/libprovider-build >/dev/null' ||
 	{ tail -30 "$OUT/guest/libprovider-build.log" >&2; die "libprovider build failed; log: $OUT/guest/libprovider-build.log"; }
 
 log "guest: man page examples"

@@ -37,12 +37,19 @@ if [ "$(cat "$build/.odpwatch-config-key" 2>/dev/null)" != "$want" ] || [ ! -f "
 	echo "$want" >"$build/.odpwatch-config-key"
 fi
 
+# A full build compiles a few thousand objects: progress is counted against
+# the last full build of this variant (kept in the cache beside ccache).
+full=$CACHE/kernel-objects-$variant
+objects() { echo "$(count_cc "$1")$([ -f "$full" ] && echo " (a full build: $(cat "$full"))")"; }
 log "kernel: building bzImage and headers ($variant) in $build"
-if ! kmake bzImage >"$build/build.log" 2>&1; then
+if ! run_with_progress "kernel: build ($variant)" "$build/build.log" objects kmake bzImage; then
 	grep -E 'error|Error' "$build/build.log" | head -40 >&2
 	die "kernel build failed; full log: $build/build.log"
 fi
-log "kernel: $(grep -c '^  CC ' "$build/build.log" || true) objects compiled"
+n=$(grep -c '^  CC ' "$build/build.log" || true)
+log "kernel: $n objects compiled"
+# A build that compiled more than half of the last full one counts as full.
+[ -f "$full" ] && [ "$n" -le $(($(cat "$full") / 2)) ] || echo "$n" >"$full"
 kmake -s headers >>"$build/build.log" 2>&1 || die "make headers failed; log: $build/build.log"
 # Collect the build's warnings for review (the base has some of its own).
 if grep -E 'warning:' "$build/build.log" >"$build/warnings.log"; then

@@ -34,7 +34,7 @@ log "rdma-core: $RDMA_CORE_VERSION + ${#patches[@]} patches, building in the chr
 # pages are not built: that needs pandoc and rst2man (Debian's tarball has no
 # prebuilt copies); make lint checks ours with groff on the host.
 run() { "$TOP/scripts/in-chroot.sh" "$rootfs" -- "$@"; }
-run sh -c 'set -e
+run_with_progress "rdma-core: build" "$OUT/rdma-core/build.log" ninja_step run sh -c 'set -e
 	cmake -S /out/rdma-core/src -B /out/rdma-core/build -GNinja -Wno-dev \
 		-DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/usr \
 		-DCMAKE_INSTALL_LIBDIR=lib/x86_64-linux-gnu \
@@ -47,15 +47,15 @@ run sh -c 'set -e
 		-DCMAKE_INSTALL_PYTHON_ARCH_LIB=/usr/lib/python3/dist-packages >/dev/null
 	ninja -C /out/rdma-core/build -j'"$(nproc)"'
 	rm -rf /out/rdma-core/root
-	DESTDIR=/out/rdma-core/root ninja -C /out/rdma-core/build install >/dev/null' \
-	>"$OUT/rdma-core/build.log" 2>&1 ||
+	DESTDIR=/out/rdma-core/root ninja -C /out/rdma-core/build install >/dev/null' ||
 	{ tail -30 "$OUT/rdma-core/build.log" >&2; die "rdma-core build failed; log: $OUT/rdma-core/build.log"; }
 log "rdma-core: built ($(grep -c '^\[' "$OUT/rdma-core/build.log") build steps), installed into $dest"
 
 # A hard-linked copy of the base rootfs; rsync replaces a file by renaming a
 # new one over it, so the base's inodes are never written.
+remove_stale_tmp "$CACHE/rootfs"
 tmp=$root.tmp.$$
-rm -rf "$tmp"
+trap 'remove_tree "$tmp"' EXIT
 cp -al "$rootfs" "$tmp"
 rm -f "$tmp/.odpwatch-ready"
 mkdir "$tmp/stock"
@@ -63,8 +63,9 @@ rsync -a "$dest/" "$tmp/"
 # Debian compresses the test suite's sources; ours replace them uncompressed.
 find "$tmp/usr/share/doc/rdma-core/tests" -name '*.py.gz' -delete
 # Older generations are keyed by series that no longer exist.
-find "$CACHE/rootfs" -mindepth 1 -maxdepth 1 -name "$(basename "$rootfs")+rdma-core-*" \
-	! -name "*.tmp.*" -exec rm -rf {} +
+mapfile -t old < <(find "$CACHE/rootfs" -mindepth 1 -maxdepth 1 -name "$(basename "$rootfs")+rdma-core-*" ! -name "*.tmp.*")
+remove_tree ${old[@]+"${old[@]}"}
 touch "$tmp/.odpwatch-ready"
 mv "$tmp" "$root"
+trap - EXIT
 printf '%s\n' "$root"

@@ -36,8 +36,13 @@ Try BASE_VERSION=<one of those> (the tested version is 7.3.4-1~bpo13+1)."
 	(cd "$dir" && apt-get "${APT_OPTS[@]}" download "$BASE_PKG=$BASE_VERSION" >/dev/null 2>&1) ||
 		die "download of $BASE_PKG=$BASE_VERSION failed"
 	deb=$(ls "$dir"/*.deb)
-	dpkg-deb --fsys-tarfile "$deb" | tar -xO --wildcards './usr/src/linux-source-*.tar.xz' |
-		tar -xJ -C "$dir" --strip-components=1 || die "cannot extract $deb"
+	extract() {
+		dpkg-deb --fsys-tarfile "$deb" | tar -xO --wildcards './usr/src/linux-source-*.tar.xz' |
+			tar -xJ -C "$dir" --strip-components=1
+	}
+	files_so_far() { echo "$(find "$dir" -type f | wc -l) files extracted"; }
+	log "base: extracting $(basename "$deb")"
+	run_with_progress "base: extract" "$dir.extract.log" files_so_far extract || die "cannot extract $deb"
 	rm -f "$deb"
 	touch "$dir/.extracted"
 fi

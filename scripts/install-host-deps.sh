@@ -18,5 +18,9 @@ if [ ${#missing[@]} -eq 0 ]; then
 fi
 [ "$(id -u)" -eq 0 ] || die "need root to install: ${missing[*]}"
 log "host packages: installing ${missing[*]}"
-apt-get update -q >/dev/null
-DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+install() {
+	apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@"
+}
+mkdir -p "$OUT"
+run_with_progress "host packages: apt" "$OUT/host-packages.log" last_line install "${missing[@]}" ||
+	{ tail -20 "$OUT/host-packages.log" >&2; die "apt-get install failed; log: $OUT/host-packages.log"; }

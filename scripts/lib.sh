@@ -21,14 +21,79 @@ log() { printf '%s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
 # stage NAME CMD...: run CMD, print its name before and its duration after.
+# STAGE_BUDGET (seconds, for this call only) is the stage's time budget: a
+# stage over it says so loudly (it still counts as done; the CI total holds).
 stage() {
-	local name=$1 t0 rc=0
+	local name=$1 t0 rc=0 took budget=${STAGE_BUDGET:-}
 	shift
 	t0=$(date +%s)
-	log "==> $name"
+	log "==> $name${budget:+ (budget ${budget}s)}"
 	"$@" || rc=$?
-	log "<== $name: $(( $(date +%s) - t0 ))s$([ $rc -eq 0 ] || echo ", FAILED (exit $rc)")"
+	took=$(($(date +%s) - t0))
+	log "<== $name: ${took}s$([ $rc -eq 0 ] || echo ", FAILED (exit $rc)")"
+	if [ -n "$budget" ] && [ "$took" -gt "$budget" ]; then
+		log "!!! OVER BUDGET: stage '$name' took ${took}s, its budget is ${budget}s"
+		echo "$name: ${took}s > ${budget}s" >>"$OUT/.over-budget"
+	fi
 	return $rc
+}
+
+# run_with_progress LABEL LOG SUMMARY CMD...: run CMD with its output in LOG;
+# every PROGRESS_INTERVAL seconds (default 50) print "LABEL: Ns, SUMMARY",
+# where SUMMARY is a command run on LOG (e.g. a count of compiled objects).
+# Returns CMD's status. Long quiet work must show it is alive.
+run_with_progress() {
+	local label=$1 logf=$2 summary=$3 pid t0 last now rc=0
+	shift 3
+	t0=$(date +%s) last=$t0
+	"$@" >"$logf" 2>&1 &
+	pid=$!
+	# A background job ignores SIGINT: Ctrl-C must stop it from here.
+	trap 'kill_tree $pid; exit 130' INT
+	trap 'kill_tree $pid; exit 143' TERM HUP
+	while kill -0 "$pid" 2>/dev/null; do
+		sleep 1
+		now=$(date +%s)
+		if [ $((now - last)) -ge "${PROGRESS_INTERVAL:-50}" ]; then
+			last=$now
+			log "$label: $((now - t0))s, $($summary "$logf" 2>/dev/null || true)"
+		fi
+	done
+	wait "$pid" || rc=$?
+	trap - INT TERM HUP
+	return $rc
+}
+
+# kill_tree PID: stop PID and every process below it (by PID, never by name).
+kill_tree() {
+	local c
+	kill -STOP "$1" 2>/dev/null || return 0
+	for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do kill_tree "$c"; done
+	kill -TERM "$1" 2>/dev/null
+	kill -CONT "$1" 2>/dev/null || true
+}
+# Summaries for run_with_progress.
+last_line() { tail -n 1 "$1" | cut -c1-100; }
+count_cc() { echo "$(grep -c '^  CC ' "$1") objects compiled"; }
+ninja_step() { grep -oE '^\[[0-9]+/[0-9]+\]' "$1" | tail -n 1 | sed 's/^/step /'; }
+cmake_percent() { grep -oE '^\[ *[0-9]+%\]' "$1" | tail -n 1 | tr -d '[ ]' | sed 's/$/ built/'; }
+
+# remove_tree DIR...: rm -rf, but never through a mount. A root filesystem
+# copy with a bind mount left below it (a chroot step killed by SIGKILL)
+# would delete the repository, out/ or the host's /dev through it.
+remove_tree() {
+	local d real mounted
+	for d in "$@"; do
+		[ -e "$d" ] || continue
+		real=$(realpath -e "$d") || die "remove_tree: cannot resolve $d"
+		case $real in / | /dev | /proc | /sys | /home | /root | /usr) die "remove_tree: refusing to remove $real" ;; esac
+		# Field 5 of mountinfo is the mount point, with octal escapes.
+		mounted=$(awk -v dir="$real" '{ p = $5; gsub(/\\040/, " ", p)
+			if (p == dir || index(p, dir "/") == 1) print p }' /proc/self/mountinfo)
+		[ -z "$mounted" ] || die "refusing to remove $real: mounted below it: $(echo $mounted)
+(a chroot step was killed; unmount these first: umount -R <each>)"
+		rm -rf --one-file-system "$real"
+	done
 }
 
 # The mirror URI from this machine's own apt configuration (deb822 first,
@@ -91,6 +156,18 @@ scratch_at_base() {
 	git -C "$dir" am --abort >/dev/null 2>&1 || true
 	git -C "$dir" checkout -q -f -B "$branch" odpwatch-base
 	git -C "$dir" clean -q -fdx
+}
+
+# remove_stale_tmp DIR: remove DIR/*.tmp.PID left by a run that was killed
+# (its PID no longer lives); a live run's copy is left alone.
+remove_stale_tmp() {
+	local t
+	for t in "$1"/*.tmp.*; do
+		[ -d "$t" ] || continue
+		kill -0 "${t##*.tmp.}" 2>/dev/null && continue
+		log "removing $t, left by a run that was killed"
+		remove_tree "$t"
+	done
 }
 
 # Short content hash of files or strings, for cache keys.

@@ -17,12 +17,13 @@ command -v debootstrap >/dev/null || die "debootstrap missing: run scripts/insta
 [ -f /usr/share/debootstrap/scripts/$GUEST_SUITE ] || die "this debootstrap does not know $GUEST_SUITE"
 pkgs=$(grep -v '^#' "$list" | grep . | paste -sd, -)
 mirror=$(debian_mirror)
+remove_stale_tmp "$CACHE/rootfs"
 tmp=$dir.tmp.$$
-rm -rf "$tmp"
+trap 'remove_tree "$tmp"' EXIT
 log "rootfs: debootstrap $GUEST_SUITE minbase with $(tr ',' '\n' <<<"$pkgs" | wc -l) packages (once per package list)"
-if ! debootstrap --variant=minbase --include="$pkgs" "$GUEST_SUITE" "$tmp" "$mirror" >"$CACHE/debootstrap.log" 2>&1; then
+if ! run_with_progress "rootfs: debootstrap" "$CACHE/debootstrap.log" last_line \
+	unshare --mount --propagation private debootstrap --variant=minbase --include="$pkgs" "$GUEST_SUITE" "$tmp" "$mirror"; then
 	tail -20 "$CACHE/debootstrap.log" >&2
-	rm -rf "$tmp"
 	die "debootstrap failed (a package missing from $GUEST_SUITE?); log: $CACHE/debootstrap.log"
 fi
 install -m 0755 "$stub" "$tmp/sbin/odpwatch-init"
@@ -30,7 +31,9 @@ mkdir -p "$tmp/odpwatch" "$tmp/out"
 echo odpwatch >"$tmp/etc/hostname"
 rm -rf "$tmp"/var/cache/apt/archives/*.deb
 # Drop older rootfs generations: they are keyed by lists that no longer exist.
-find "$CACHE/rootfs" -mindepth 1 -maxdepth 1 -name "$GUEST_SUITE-*" ! -name "*.tmp.*" -exec rm -rf {} +
+mapfile -t old < <(find "$CACHE/rootfs" -mindepth 1 -maxdepth 1 -name "$GUEST_SUITE-*" ! -name "*.tmp.*")
+remove_tree ${old[@]+"${old[@]}"}
 touch "$tmp/.odpwatch-ready"
 mv "$tmp" "$dir"
+trap - EXIT
 printf '%s\n' "$dir"

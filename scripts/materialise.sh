@@ -17,11 +17,15 @@ git_q() { git -C "$tree" -c user.name=odpwatch -c user.email=odpwatch@localhost 
 
 if [ ! -f "$tree/.git/odpwatch-base-ready" ]; then
 	log "materialise: importing base $(basename "$base") into $tree (once)"
-	rm -rf "$tree" && mkdir -p "$tree"
-	rsync -a --exclude=/.git --exclude=/.extracted "$base"/ "$tree"/
-	git_q init -q -b odpwatch
-	git_q add -A -f .
-	git_q commit -q -m "base: $(basename "$base")"
+	remove_tree "$tree" && mkdir -p "$tree"
+	import_base() {
+		rsync -a --exclude=/.git --exclude=/.extracted "$base"/ "$tree"/ &&
+			git_q init -q -b odpwatch && git_q add -A -f . &&
+			git_q commit -q -m "base: $(basename "$base")"
+	}
+	files_in_tree() { echo "$(find "$tree" -path "$tree/.git" -prune -o -type f -print | wc -l) files copied"; }
+	run_with_progress "materialise: import" "$(dirname "$tree")/import.log" files_in_tree import_base ||
+		die "import of the base failed; log: $(dirname "$tree")/import.log"
 	git_q tag -f odpwatch-base >/dev/null
 	touch "$tree/.git/odpwatch-base-ready"
 fi

@@ -27,17 +27,53 @@ qemu-system-x86_64 -machine pc -accel tcg,thread=multi -cpu max -smp "${VM_CPUS:
 	$([ -z "$stock" ] || share stock "$stock" ,readonly=on) \
 	</dev/null >"$dir/qemu.log" 2>&1 &
 qpid=$!
+tpid=""
+# QEMU runs in the background, where SIGINT is ignored: whatever ends this
+# script (Ctrl-C, kill, the end of the make that started it) ends QEMU too.
+stop_qemu() {
+	if kill -0 $qpid 2>/dev/null; then
+		kill $qpid 2>/dev/null
+		for _ in 1 2 3 4 5; do kill -0 $qpid 2>/dev/null || break; sleep 1; done
+		kill -KILL $qpid 2>/dev/null || true
+		log "vm: stopped QEMU (pid $qpid)"
+	fi
+	[ -z "$tpid" ] || kill $tpid 2>/dev/null || true
+}
+trap stop_qemu EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM HUP
 t0=$(date +%s)
 # Progress: the guest's own lines and anything that looks like a splat.
 tail -n +1 -F --pid=$qpid "$log" 2>/dev/null | sed -u 's/\r$//' |
 	grep --line-buffered -E '^(\[ *[0-9.]+\] )?(odpwatch:|kmemleak: [0-9]+ new suspected|BUG:|WARNING:|Oops|Kernel panic)' &
 tpid=$!
-timed_out=0
+# Tests finished so far, from the result files the guest writes through 9p.
+tests_done() {
+	local n=0 f
+	for f in "$dir"/selftests.ktap; do [ -f "$f" ] && n=$((n + $(grep -cE '^# (ok|not ok) [0-9]+ ' "$f"))); done
+	for f in "$dir"/pyverbs-tests.log; do [ -f "$f" ] && n=$((n + $(grep -cE ' (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)( |$)' "$f"))); done
+	for f in "$dir"/rdma-core*.log; do
+		[ -f "$f" ] && n=$((n + $(grep -cE '\.\.\. (ok|FAIL|ERROR|skipped|expected failure|unexpected success)' "$f")))
+	done
+	echo "$n"
+}
+# The process that started the whole run (make): if it is gone, so are we.
+leader=${ODPWATCH_LEADER:-}
+timed_out=0 last=$t0
 while kill -0 $qpid 2>/dev/null; do
-	if [ $(($(date +%s) - t0)) -ge "$timeout" ]; then
+	now=$(date +%s)
+	if [ $((now - t0)) -ge "$timeout" ]; then
 		timed_out=1
 		kill $qpid 2>/dev/null || true
 		break
+	fi
+	if [ -n "$leader" ] && ! kill -0 "$leader" 2>/dev/null; then
+		log "vm: the run's leader (pid $leader) is gone: stopping the guest"
+		exit 130
+	fi
+	if [ $((now - last)) -ge "${PROGRESS_INTERVAL:-50}" ]; then
+		last=$now
+		log "vm: $job running $((now - t0))s of ${timeout}s, $(tests_done) tests done"
 	fi
 	sleep 1
 done
