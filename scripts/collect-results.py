@@ -7,7 +7,15 @@ rdma-core), DIR/rdma-core-stock.<module>.log (the same with Debian's, for the
 regression comparison) and DIR/console.log (splats). Prints one line per suite and ends with
 "N passed, N failed, N skipped". Exit status 0 only when every suite ran at
 least one test, nothing failed and the console has no splat.
+
+Every suite the guest was to run must leave its results: a missing or
+unreadable result file, an exit status that disagrees with the results, or a
+module that did not report is a failure of that suite, never a silent pass.
+With --expected-skips FILE, a skip not on that list (test id and reason) is a
+failure, and list entries that no longer skip are reported so the list shrinks.
 """
+import argparse
+import fnmatch
 import json
 import re
 import sys
@@ -27,13 +35,22 @@ def suite(tests):
             "skipped": count("skipped"), "tests": tests}
 
 
+def failed(name, reason):
+    return {"name": name, "outcome": "failed", "reason": reason}
+
+
 def parse_ktap(path):
     """Nested KTAP from run_kselftest.sh: '# ok N name' lines belong to the
-    binary announced by '# selftests: target: binary'."""
-    tests, binary = [], None
+    binary announced by '# selftests: target: binary'. The runner's plan
+    ('1..N') must be met: a binary that never reported is a failure."""
+    tests, binary, plan, reported = [], None, None, 0
     if not path.exists():
         return None
     for line in path.read_text(errors="replace").splitlines():
+        m = re.match(r"^1\.\.(\d+)$", line)
+        if m and plan is None:
+            plan = int(m[1])
+            continue
         m = re.match(r"^# selftests: (\S+): (\S+)", line)
         if m:
             binary, inner = f"{m[1]}/{m[2]}", 0
@@ -50,20 +67,42 @@ def parse_ktap(path):
         # (crashed, timed out) or failed overall.
         m = re.match(r"^(not ok|ok) \d+ selftests: (\S+): (\S+)(?: # (\w+)(.*))?", line)
         if m:
+            reported += 1
             name = f"{m[2]}/{m[3]}"
-            if m[1] == "not ok" and not any(t["name"].startswith(name + ":") and
-                                            t["outcome"] == "failed" for t in tests):
-                tests.append({"name": name, "outcome": "failed",
-                              "reason": (m[4] or "") + (m[5] or "") or "binary failed"})
+            own = [t for t in tests if t["name"].startswith(name + ":")]
+            if m[1] == "not ok" and not any(t["outcome"] == "failed" for t in own):
+                tests.append(failed(name, (m[4] or "") + (m[5] or "") or "binary failed"))
+            elif m[1] == "ok" and m[4] == "SKIP" and not own:
+                # A binary that skipped as a whole (e.g. no device): one skip.
+                tests.append({"name": name, "outcome": "skipped",
+                              "reason": (m[5] or "").strip() or "binary skipped"})
             binary = None
+    if plan is None:
+        tests.append(failed(f"{path.name}: plan", "no '1..N' plan: the runner did not start"))
+    elif reported < plan:
+        tests.append(failed(f"{path.name}: plan", f"the runner reported {reported} of {plan} "
+                            "test binaries: killed or hung"))
     return tests
 
 
-def parse_junit(path):
+def read_status(path):
+    """The exit status a guest step wrote next to its log, or None."""
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def parse_junit(path, status_path=None):
+    """pytest's JUnit XML, checked against pytest's exit status."""
     if not path.exists():
         return None
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as e:
+        return [failed(f"{path.name}: parse", f"unreadable JUnit XML: {e}")]
     tests = []
-    for case in ET.parse(path).getroot().iter("testcase"):
+    for case in root.iter("testcase"):
         name = f"{case.get('classname')}.{case.get('name')}"
         outcome, reason = "passed", None
         for child in case:
@@ -72,6 +111,16 @@ def parse_junit(path):
             elif child.tag == "skipped":
                 outcome, reason = "skipped", child.get("message")
         tests.append({"name": name, "outcome": outcome, **({"reason": reason} if reason else {})})
+    if status_path is not None:
+        # pytest: 0 all passed, 1 some failed; anything else (interrupted,
+        # internal error, no tests) is a failure the XML may not show.
+        status = read_status(status_path)
+        anyfail = any(t["outcome"] == "failed" for t in tests)
+        if status is None:
+            tests.append(failed(f"{path.name}: status", f"no exit status in {status_path.name}: "
+                                "pytest was killed"))
+        elif status not in (0, 1) or (status == 1) != anyfail:
+            tests.append(failed(f"{path.name}: status", f"pytest exited {status}"))
     return tests
 
 
@@ -107,7 +156,61 @@ def parse_unittest(path):
     elif int(ran[1]) != len(tests):
         tests.append({"name": f"{path.name}: parse", "outcome": "failed",
                       "reason": f"unittest ran {ran[1]} tests but {len(tests)} results were parsed"})
+    status = read_status(path.with_suffix(".status"))
+    if status is not None and status != 0 and not any(t["outcome"] == "failed" for t in tests):
+        tests.append(failed(f"{path.name}: status", "timed out" if status == 124
+                            else f"exited {status} with no failed test"))
     return tests
+
+
+def parse_modules(d, prefix):
+    """The rdma-core modules the guest planned (PREFIX.modules), each of which
+    must have left a log; None when the guest planned none."""
+    plan = d / f"{prefix}.modules"
+    logs = {p.name[len(prefix) + 1:-4]: p for p in d.glob(f"{prefix}.*.log")}
+    if not plan.exists():
+        return ([t for _, p in sorted(logs.items()) for t in parse_unittest(p)] or None) if logs else None
+    tests = []
+    for mod in plan.read_text().split():
+        if mod in logs:
+            tests += parse_unittest(logs[mod])
+        else:
+            tests.append(failed(f"{prefix}.{mod}.log: run", "the module left no log: not run"))
+    return tests
+
+
+def read_expected_skips(path):
+    """'test id | reason' per line (reason: an fnmatch pattern); # comments."""
+    entries = {}
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if " | " not in line:
+            raise SystemExit(f"{path}:{n}: expected 'test id | reason'")
+        name, reason = line.split(" | ", 1)
+        entries[name.strip()] = reason.strip()
+    return entries
+
+
+def gate_skips(suites, expected):
+    """Turn every skip not on the list (or skipped for another reason) into a
+    failure; return how many, and the list entries whose test ran and did not
+    skip."""
+    seen, unexpected = {}, 0
+    for tests in suites.values():
+        for t in tests or []:
+            seen[t["name"]] = t["outcome"]
+            if t["outcome"] != "skipped":
+                continue
+            want = expected.get(t["name"])
+            reason = t.get("reason") or ""
+            if want is None or not fnmatch.fnmatchcase(reason, want):
+                unexpected += 1
+                t["outcome"] = "failed"
+                t["reason"] = (f"skipped ({reason}), and not on the expected-skips list"
+                               + ("" if want is None else f" with that reason (listed: {want})"))
+    return unexpected, sorted(n for n in expected if seen.get(n) in ("passed", "failed"))
 
 
 def compare_with_stock(ours, stock):
@@ -126,8 +229,21 @@ def compare_with_stock(ours, stock):
     return tests
 
 
+SUITES = ("selftests", "pyverbs-tests", "rdma-core", "rdma-core-vs-stock")
+
+
 def main():
-    d = Path(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("dir")
+    ap.add_argument("--expected-skips", help="the variant's list of expected skips")
+    ap.add_argument("--suites", default=",".join(SUITES),
+                    help="the suites this kernel variant runs, comma-separated; each must leave results")
+    args = ap.parse_args()
+    wanted = args.suites.split(",")
+    unknown = set(wanted) - set(SUITES)
+    if unknown:
+        ap.error(f"unknown suites: {', '.join(sorted(unknown))}")
+    d = Path(args.dir)
     results = {"suites": {}}
     console = (d / "console.log").read_text(errors="replace").replace("\r", "") \
         if (d / "console.log").exists() else ""
@@ -135,17 +251,19 @@ def main():
     results["kernel"] = m[1] if m else None
 
     suites = {"selftests": parse_ktap(d / "selftests.ktap"),
-              "pyverbs-tests": parse_junit(d / "pyverbs-tests.xml")}
-    logs = sorted(d.glob("rdma-core.*.log"))
-    suites["rdma-core"] = [t for p in logs for t in parse_unittest(p)] if logs else None
-    stock_logs = sorted(d.glob("rdma-core-stock.*.log"))
-    not_run = d / "rdma-core-stock.not-run"
-    if not_run.exists() and not stock_logs:
-        print(f"rdma-core-vs-stock: not run here: {not_run.read_text().strip()}")
-    else:
-        suites["rdma-core-vs-stock"] = compare_with_stock(
-            suites["rdma-core"] or [], [t for p in stock_logs for t in parse_unittest(p)])
+              "pyverbs-tests": parse_junit(d / "pyverbs-tests.xml", d / "pyverbs-tests.status"),
+              "rdma-core": parse_modules(d, "rdma-core")}
+    stock = parse_modules(d, "rdma-core-stock")
+    # A stock module that did not run is a failure of the comparison.
+    suites["rdma-core-vs-stock"] = compare_with_stock(suites["rdma-core"] or [], stock or []) + \
+        [t for t in stock or [] if t["outcome"] == "failed" and t["name"].startswith("rdma-core-stock.")]
+    for name in SUITES:
+        if name not in wanted:
+            del suites[name]
+            print(f"{name}: not run on this kernel variant")
     ok = True
+    if args.expected_skips:
+        unexpected, stale = gate_skips(suites, read_expected_skips(args.expected_skips))
     for name, tests in suites.items():
         if not tests:
             tests = [{"name": f"{name}: suite", "outcome": "failed",
@@ -181,6 +299,15 @@ def main():
         print("\n".join("  " + l for l in lines[max(0, first - 2):first + 25]))
     else:
         print("console: no splats")
+
+    if args.expected_skips:
+        listed = Path(args.expected_skips).name
+        results["unexpected_skips"] = unexpected
+        results["expected_skips_no_longer_skipped"] = stale
+        print(f"skips: {unexpected} not on {listed} (failed above)" if unexpected
+              else f"skips: every skip is on {listed}")
+        for n in stale:
+            print(f"  no longer skips (remove it from {Path(args.expected_skips).name}): {n}")
 
     total = {k: sum(s[k] for s in results["suites"].values()) for k in ("passed", "failed", "skipped")}
     results.update(total)

@@ -16,7 +16,7 @@ cr = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(cr)
 
 KTAP = """TAP version 13
-1..2
+1..3
 # timeout set to 45
 # selftests: rxe_odp: rxe_odp_caps
 # TAP version 13
@@ -28,6 +28,10 @@ KTAP = """TAP version 13
 not ok 1 selftests: rxe_odp: rxe_odp_caps # exit=1
 # selftests: rxe_odp: crashes
 not ok 2 selftests: rxe_odp: crashes # exit=139
+# selftests: memwatch: no_device
+# TAP version 13
+# 1..0 # SKIP no rxe device
+ok 3 selftests: memwatch: no_device # SKIP
 """
 
 UNITTEST = """test_a (tests.test_odp.OdpTestCase.test_a) ... ok
@@ -73,7 +77,40 @@ class Parsers(unittest.TestCase):
             "rxe_odp/rxe_odp_caps:rxe.odp_mr_untouched_buffer": "failed",
             "rxe_odp/rxe_odp_caps:rxe.implicit": "skipped",
             "rxe_odp/crashes": "failed",
+            "memwatch/no_device": "skipped",
         })
+
+    def test_ktap_runner_killed_before_plan_met(self):
+        cut = KTAP[:KTAP.index("# selftests: memwatch")]
+        got = outcomes(cr.parse_ktap(self.write("s.ktap", cut)))
+        self.assertEqual(got["s.ktap: plan"], "failed")
+        got = outcomes(cr.parse_ktap(self.write("s.ktap", "")))
+        self.assertEqual(got, {"s.ktap: plan": "failed"})
+
+    def test_junit_checked_against_pytest_status(self):
+        xml = self.write("p.xml", JUNIT)
+        for status, extra in (("1", None), ("0", "failed"), ("2", "failed"), (None, "failed"), ("x", "failed")):
+            st = Path(self.dir.name) / "p.status"
+            st.unlink(missing_ok=True)
+            if status is not None:
+                st.write_text(status + "\n")
+            got = outcomes(cr.parse_junit(xml, st))
+            self.assertEqual(got.get("p.xml: status"), extra, status)
+        self.assertEqual(outcomes(cr.parse_junit(self.write("q.xml", "<testsuites><testsu"))),
+                         {"q.xml: parse": "failed"})
+
+    def test_module_status_and_plan(self):
+        log = self.write("rdma-core.test_mr.log", "test_a (tests.test_mr.M.test_a) ... ok\nRan 1 test in 0s\nOK\n")
+        self.write("rdma-core.test_mr.status", "124\n")
+        self.assertEqual(outcomes(cr.parse_unittest(log))["rdma-core.test_mr.log: status"], "failed")
+        self.write("rdma-core.test_mr.status", "0\n")
+        self.write("rdma-core.modules", "test_mr test_odp\n")
+        got = outcomes(cr.parse_modules(Path(self.dir.name), "rdma-core"))
+        self.assertEqual(got, {"tests.test_mr.M.test_a": "passed", "rdma-core.test_odp.log: run": "failed"})
+        # A log of a module this run did not plan (left by an earlier run) is not read.
+        self.write("rdma-core.test_old.log", "test_z (tests.test_old.M.test_z) ... ok\nRan 1 test in 0s\nOK\n")
+        got = outcomes(cr.parse_modules(Path(self.dir.name), "rdma-core"))
+        self.assertNotIn("tests.test_old.M.test_z", got)
 
     def test_unittest_docstring_lines_and_outcomes(self):
         tests = cr.parse_unittest(self.write("rdma-core.test_odp.log", UNITTEST))
@@ -98,18 +135,43 @@ class Parsers(unittest.TestCase):
         self.assertEqual(got, {"test_harness.test_ok": "passed", "test_harness.test_bad": "failed",
                                "test_harness.test_skip": "skipped"})
 
-    def run_main(self, console, stock="test_a (tests.test_mr.M.test_a) ... ok\nRan 1 test in 0s\nOK\n"):
+    def run_main(self, console, stock="test_a (tests.test_mr.M.test_a) ... ok\nRan 1 test in 0s\nOK\n",
+                 skips=None, suites=None, drop=None):
         d = Path(self.dir.name)
-        self.write("selftests.ktap", "# selftests: a: b\n# ok 1 t\nok 1 selftests: a: b\n")
+        self.write("selftests.ktap", "1..1\n# selftests: a: b\n# ok 1 t\nok 1 selftests: a: b\n")
         self.write("pyverbs-tests.xml", JUNIT.replace("<failure", "<skipped").replace("</failure>", "</skipped>"))
+        self.write("pyverbs-tests.status", "0\n")
         self.write("rdma-core.test_mr.log", "test_a (tests.test_mr.M.test_a) ... ok\nRan 1 test in 0s\nOK\n")
         if stock is not None:
             self.write("rdma-core-stock.test_mr.log", stock)
         self.write("console.log", console)
+        if drop:
+            (d / drop).unlink()
+        argv = ["x", str(d)] + (["--suites", suites] if suites else [])
+        if skips is not None:
+            argv += ["--expected-skips", str(self.write("skips.txt", skips))]
         out = io.StringIO()
-        with redirect_stdout(out), unittest.mock.patch("sys.argv", ["x", str(d)]):
+        with redirect_stdout(out), unittest.mock.patch("sys.argv", argv):
             rc = cr.main()
         return rc, out.getvalue(), json.loads((d / "results.json").read_text())
+
+    def test_skip_gate(self):
+        listed = ("# comment\n"
+                  "test_harness.test_skip | no device\n"
+                  "test_harness.test_bad | assert *\n"
+                  "test_harness.test_ok | gone\n")
+        rc, out, res = self.run_main("odpwatch: kernel k\n", skips=listed)
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(res["expected_skips_no_longer_skipped"], ["test_harness.test_ok"])
+        self.assertIn("no longer skips (remove it from skips.txt): test_harness.test_ok", out)
+        # Not listed, or listed with another reason: the test fails.
+        for listed in ("test_harness.test_skip | no device\n", "test_harness.test_skip | no device\n"
+                       "test_harness.test_bad | something else\n"):
+            rc, out, res = self.run_main("odpwatch: kernel k\n", skips=listed)
+            self.assertEqual(rc, 1, out)
+            self.assertEqual(res["unexpected_skips"], 1)
+            self.assertEqual((res["passed"], res["failed"], res["skipped"]), (4, 1, 1))
+            self.assertIn("not on the expected-skips list", out)
 
     def test_main_clean_console_passes(self):
         benign = ("odpwatch: kernel 7.3.4-odpwatch, 2 cpus\n"
@@ -135,12 +197,18 @@ class Parsers(unittest.TestCase):
         # No stock run at all is a failure, not a pass...
         rc, out, res = self.run_main("odpwatch: kernel k\n", "")
         self.assertEqual(rc, 1, out)
-        # ...unless the guest said why it left it out.
+        # ...unless the variant does not run it.
         (Path(self.dir.name) / "rdma-core-stock.test_mr.log").unlink()
-        self.write("rdma-core-stock.not-run", "debug kernel")
-        rc, out, res = self.run_main("odpwatch: kernel k\n", None)
+        rc, out, res = self.run_main("odpwatch: kernel k\n", None,
+                                     suites="selftests,pyverbs-tests,rdma-core")
         self.assertEqual(rc, 0, out)
         self.assertNotIn("rdma-core-vs-stock", res["suites"])
+        self.assertIn("rdma-core-vs-stock: not run on this kernel variant", out)
+
+    def test_a_wanted_suite_that_left_nothing_fails(self):
+        for f in ("selftests.ktap", "pyverbs-tests.xml", "pyverbs-tests.status", "rdma-core.test_mr.log"):
+            rc, out, res = self.run_main("odpwatch: kernel k\n", drop=f)
+            self.assertEqual(rc, 1, f)
 
     def test_main_splats_fail(self):
         for splat in ("[ 1.0] WARNING: CPU: 1 PID: 7 at mm/x.c:1 f+0x1/0x2",
