@@ -75,11 +75,12 @@ class LoopbackQP:
     """An RC QP connected to itself (or, with pair(), two connected to each
     other): RDMA goes through the whole transport."""
 
-    def __init__(self, ctx, pd, port=1, connect=True):
-        """connect=False leaves the QP in INIT, for connect() to another."""
+    def __init__(self, ctx, pd, port=1, connect=True, srq=None):
+        """connect=False leaves the QP in INIT, for connect() to another;
+        srq: the shared receive queue its receives come from."""
         self.cq = CQ(ctx, 16)
         cap = QPCap(max_send_wr=8, max_recv_wr=8, max_send_sge=1, max_recv_sge=1)
-        init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap)
+        init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap, srq=srq)
         attr = QPAttr(port_num=port)
         attr.qp_access_flags = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE |
                                 e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_ATOMIC)

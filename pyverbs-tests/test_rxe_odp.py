@@ -4,11 +4,18 @@ data that follows the mapping through madvise, munmap/mmap and fork, and
 traffic racing invalidations. Every check reads the bytes that moved."""
 import ctypes
 import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 import pyverbs.enums as e
 from pyverbs.mr import MR
+from pyverbs.srq import SRQ, SrqAttr, SrqInitAttr
+from pyverbs.wr import SGE, RecvWR, SendWR
 
 from conftest import (MADV_NOHUGEPAGE, MAP_HUGETLB, PROT_RW, LoopbackQP, hw_counter, libc,
                       madvise, madvise_dontneed, mmap_anon, munmap)
@@ -228,6 +235,152 @@ def test_first_touch_write_faults_off_the_qp(pd, loopback):
         src.close()
         munmap(src_buf, size)
         munmap(dst_buf, size)
+
+
+def test_write_with_imm_into_absent_odp_pages_takes_one_srq_receive_each(ctx, pd, local):
+    """RDMA WRITE with immediate into untouched ODP pages, receives from an
+    SRQ: the responder answers each absent page with an RNR NAK, and the
+    retried write must still consume exactly one receive, in order. (A
+    receive taken before the RNR and not given back is lost: the next write
+    completes the following receive, and an application waiting for its
+    wr_id hangs.)"""
+    # 8 MiB apart: each write lands beyond the last fault's 4 MiB fault-around.
+    writes, page, stride = 6, 4096, 8 << 20
+    srq = SRQ(pd, SrqInitAttr(SrqAttr(max_wr=2 * writes, max_sge=1)))
+    qp = LoopbackQP(ctx, pd, srq=srq)
+    buf = mmap_anon(writes * stride)
+    mr = MR(pd, writes * stride, ODP, address=buf)
+    try:
+        for i in range(2 * writes):
+            srq.post_recv(RecvWR(wr_id=i, num_sge=1, sg=[SGE(local.buf, 1, local.lkey)]))
+        local.write(pattern(page, 9), page)
+        rnr0 = hw_counter("rcvd_rnr_err")
+        got = []
+        for i in range(writes):
+            wr = SendWR(wr_id=100 + i, opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=1,
+                        sg=[SGE(local.buf, 64, local.lkey)], imm_data=i)
+            wr.set_wr_rdma(mr.rkey, buf + i * stride)
+            qp.qp.post_send(wr)
+            wcs, deadline = [], time.monotonic() + 60
+            while len(wcs) < 2:
+                assert time.monotonic() < deadline, f"write {i}: {len(wcs)} of 2 completions"
+                n, polled = qp.cq.poll()
+                wcs += polled[:n] if n else []
+            for wc in wcs:
+                assert wc.status == e.IBV_WC_SUCCESS, f"write {i}: {wc.status}"
+                if wc.opcode == e.IBV_WC_RECV_RDMA_WITH_IMM:
+                    # imm_data as it came off the wire (network order) or not
+                    imm = wc.imm_data if wc.imm_data < 256 else socket.ntohl(wc.imm_data)
+                    got.append((wc.wr_id, imm))
+        assert hw_counter("rcvd_rnr_err") - rnr0 >= writes, "the writes did not meet absent pages"
+        assert got == [(i, i) for i in range(writes)], "receives lost or out of order"
+        assert peek(buf + (writes - 1) * stride, 64) == pattern(64, 9)
+    finally:
+        mr.close()
+        munmap(buf, writes * stride)
+
+
+MADV_FREE, MADV_PAGEOUT = 8, 21
+
+
+@pytest.mark.xfail(reason="rxe ODP does not dirty pages it writes (issue 18, item 3): "
+                   "the fix tried at c76c6d2 set PG_dirty on an already freed page (debug kernel BUG)")
+def test_pages_written_through_odp_survive_reclaim(pd, loopback, local):
+    """RDMA writes into ODP pages go through the kernel's mapping, never the
+    user's PTE: unless the driver marks the pages dirty, a page that reclaim
+    may drop when clean loses them. MADV_FREE makes a page lazily freeable
+    (dropped on reclaim if still clean), the RDMA WRITE fills it,
+    MADV_PAGEOUT reclaims it: the written bytes must still be there."""
+    buf = mmap_anon(LEN)
+    mr = MR(pd, LEN, ODP, address=buf)
+    try:
+        poke(buf, pattern(LEN, 40))            # present pages, then lazily freeable
+        madvise(buf, LEN, MADV_FREE)
+        local.write(pattern(LEN, 41), LEN)
+        assert loopback.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, LEN, mr, buf) == \
+            e.IBV_WC_SUCCESS
+        madvise(buf, LEN, MADV_PAGEOUT)
+        got = peek(buf, LEN)
+        assert got == pattern(LEN, 41), \
+            f"{sum(1 for i in range(0, LEN, 4096) if got[i:i + 4096] == bytes(4096))} of " \
+            f"{LEN // 4096} pages came back as zeros"
+    finally:
+        mr.close()
+        munmap(buf, LEN)
+
+
+# The owner of an implicit MR, in its own process: it prints its QP number,
+# the MR's rkey and a buffer's address, connects to the QP number it reads,
+# and on "exit" forks a child that keeps the verbs file (and with it the QP
+# and the MR) open, prints the child's PID and exits.
+IMPLICIT_OWNER = """
+import os, sys, time
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+from conftest import RDMA_DEV, LoopbackQP, mmap_anon
+from pyverbs.device import Context
+from pyverbs.mr import MR
+from pyverbs.pd import PD
+import pyverbs.enums as e
+ctx = Context(name=RDMA_DEV)
+pd = PD(ctx)
+mr = MR(pd, 0, e.IBV_ACCESS_ON_DEMAND | e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE,
+        implicit=True)
+qp = LoopbackQP(ctx, pd, connect=False)
+buf = mmap_anon(4096)
+print(qp.qp.qp_num, mr.rkey, buf, flush=True)
+qp.connect(int(sys.stdin.readline()))
+assert sys.stdin.readline().strip() == "exit"
+holder = os.fork()
+if holder == 0:
+    time.sleep(600)
+    os._exit(0)
+print(holder, flush=True)
+os._exit(0)
+"""
+
+
+def test_implicit_mr_outliving_its_process(ctx, pd, local):
+    """An implicit MR whose process exited while a forked child keeps the
+    verbs file open: the MR and its QP live on, the address space is gone.
+    A peer's write into a region the MR never mapped must fail cleanly with
+    a remote access error; the debug kernel's KASAN must see no access to
+    the freed mm (the implicit MR must hold it, as explicit ones do through
+    their interval notifiers)."""
+    owner = subprocess.Popen([sys.executable, "-c", IMPLICIT_OWNER, __file__],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = None
+    try:
+        qpn, rkey, buf = (int(x) for x in owner.stdout.readline().split())
+        peer = LoopbackQP(ctx, pd, connect=False)
+        peer.connect(qpn)
+        owner.stdin.write(f"{peer.qp.qp_num}\n")
+        owner.stdin.flush()
+
+        class Remote:  # what LoopbackQP.rdma needs of the owner's MR
+            pass
+        remote = Remote()
+        remote.rkey = rkey
+        local.write(pattern(64, 3), 64)
+        assert peer.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, 64, remote, buf) == \
+            e.IBV_WC_SUCCESS, "the write while the owner lives"
+        owner.stdin.write("exit\n")
+        owner.stdin.flush()
+        holder = int(owner.stdout.readline())
+        assert owner.wait(timeout=60) == 0
+        time.sleep(2)  # the invalidations of the exit, and the reaping of children
+        # 1 GiB further: a region the MR never had a child for.
+        status = peer.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, 64, remote, buf + (1 << 30),
+                           timeout=120)
+        assert status == e.IBV_WC_REM_ACCESS_ERR, f"status {status}"
+    finally:
+        if holder:  # not our child (init reaps it): wait for it to go
+            os.kill(holder, signal.SIGKILL)
+            for _ in range(600):
+                if not os.path.exists(f"/proc/{holder}"):
+                    break
+                time.sleep(0.1)
+        owner.kill()
+        owner.wait()
 
 
 MAP_SHARED = 0x01
