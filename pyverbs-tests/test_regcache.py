@@ -15,13 +15,13 @@ import pytest
 import pyverbs.enums as e
 from pyverbs.mr import MR
 
-from conftest import mmap_anon, munmap
+from conftest import LoopbackQP, mmap_anon, munmap
 
 BINARY = "/out/guest/bin/regcache-test"
 CASES = ["reuse-pinned", "reuse-explicit-odp", "reuse-implicit-odp",
          "ways-to-free-pinned", "ways-to-free-explicit-odp", "ways-to-free-implicit-odp",
          "threads-pinned", "threads-explicit-odp", "threads-implicit-odp",
-         "limits", "events", "bad-input"]
+         "limits", "implicit-max-bytes", "events", "bad-input"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -94,3 +94,38 @@ def test_python_cache_auto_and_errors(ctx, pd):
             assert err.value.errno == errno.EINVAL
     finally:
         munmap(buf, LEN)
+
+
+REMOTE = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_WRITE
+
+
+def test_default_cache_exposes_only_the_buffer(ctx, pd):
+    """With default attributes the cache picks implicit ODP on rxe, whose
+    rkey reaches every byte of the process. A registration asked for with
+    remote access must expose its own range only: a peer's RDMA READ through
+    its rkey outside the buffer (here, of another buffer of the process)
+    fails with a remote access error."""
+    requester, _responder = LoopbackQP.pair(ctx, pd)
+    buf, secret, land = mmap_anon(LEN), mmap_anon(LEN), mmap_anon(LEN)
+    land_mr = MR(pd, LEN, e.IBV_ACCESS_LOCAL_WRITE, address=land)
+    try:
+        fill(buf, 0x42)
+        fill(secret, 0x53)
+        with odpwatch_cache.RegCache(ctx, pd) as cache:
+            assert cache.policy == "implicit-odp"
+            with cache.get(buf, LEN, REMOTE) as reg:
+                assert requester.rdma(e.IBV_WR_RDMA_READ, land_mr, land, 64, reg, buf) == \
+                    e.IBV_WC_SUCCESS
+                assert ctypes.string_at(land, 64) == b"\x42" * 64
+                fill(land, 0)
+                st = requester.rdma(e.IBV_WR_RDMA_READ, land_mr, land, 64, reg, secret)
+                assert ctypes.string_at(land, 64) != b"\x53" * 64, "the peer read the secret"
+                assert st == e.IBV_WC_REM_ACCESS_ERR, f"status {st}"
+            # Local-only access still shares the one implicit MR.
+            with cache.get(buf, LEN, e.IBV_ACCESS_LOCAL_WRITE) as a, \
+                    cache.get(secret, LEN, e.IBV_ACCESS_LOCAL_WRITE) as b:
+                assert a.lkey == b.lkey
+    finally:
+        land_mr.close()
+        for p in (buf, secret, land):
+            munmap(p, LEN)

@@ -3,9 +3,12 @@
 data that follows the mapping through madvise, munmap/mmap and fork, and
 traffic racing invalidations. Every check reads the bytes that moved."""
 import ctypes
+import errno
+import fcntl
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -17,8 +20,9 @@ from pyverbs.mr import MR
 from pyverbs.srq import SRQ, SrqAttr, SrqInitAttr
 from pyverbs.wr import SGE, RecvWR, SendWR
 
-from conftest import (MADV_NOHUGEPAGE, MAP_HUGETLB, PROT_RW, LoopbackQP, hw_counter, libc,
-                      madvise, madvise_dontneed, mmap_anon, munmap)
+from conftest import (MADV_NOHUGEPAGE, MAP_ANONYMOUS, MAP_HUGETLB, MAP_PRIVATE, PROT_RW,
+                      LoopbackQP, hw_counter, libc, madvise, madvise_dontneed, mmap_anon,
+                      munmap)
 
 LEN = 64 * 1024
 HUGE = 2 << 20
@@ -283,30 +287,42 @@ def test_write_with_imm_into_absent_odp_pages_takes_one_srq_receive_each(ctx, pd
 MADV_FREE, MADV_PAGEOUT = 8, 21
 
 
-@pytest.mark.xfail(reason="rxe ODP does not dirty pages it writes (issue 18, item 3): "
-                   "the fix tried at c76c6d2 set PG_dirty on an already freed page (debug kernel BUG)")
 def test_pages_written_through_odp_survive_reclaim(pd, loopback, local):
     """RDMA writes into ODP pages go through the kernel's mapping, never the
     user's PTE: unless the driver marks the pages dirty, a page that reclaim
     may drop when clean loses them. MADV_FREE makes a page lazily freeable
     (dropped on reclaim if still clean), the RDMA WRITE fills it,
-    MADV_PAGEOUT reclaims it: the written bytes must still be there."""
-    buf = mmap_anon(LEN)
+    MADV_PAGEOUT reclaims it: the written bytes must still be there. A
+    control page outside the MR, treated the same but not written, must be
+    gone (else reclaim did not run and the test proved nothing). One CPU
+    throughout: the pages must have left this CPU's LRU batches, which
+    MADV_PAGEOUT drains, before reclaim can see them."""
+    page = 4096
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})
+    buf, control = mmap_anon(LEN), mmap_anon(page)
     mr = MR(pd, LEN, ODP, address=buf)
     try:
         poke(buf, pattern(LEN, 40))            # present pages, then lazily freeable
+        poke(control, pattern(page, 40))
         madvise(buf, LEN, MADV_FREE)
+        madvise(control, page, MADV_FREE)
         local.write(pattern(LEN, 41), LEN)
         assert loopback.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, LEN, mr, buf) == \
             e.IBV_WC_SUCCESS
+        madvise(control, page, MADV_PAGEOUT)
         madvise(buf, LEN, MADV_PAGEOUT)
+        assert peek(control, page) == bytes(page), \
+            "a clean lazily freeable page survived MADV_PAGEOUT: reclaim did not run"
         got = peek(buf, LEN)
         assert got == pattern(LEN, 41), \
-            f"{sum(1 for i in range(0, LEN, 4096) if got[i:i + 4096] == bytes(4096))} of " \
-            f"{LEN // 4096} pages came back as zeros"
+            f"{sum(1 for i in range(0, LEN, page) if got[i:i + page] == bytes(page))} of " \
+            f"{LEN // page} written pages came back as zeros"
     finally:
+        os.sched_setaffinity(0, cpus)
         mr.close()
         munmap(buf, LEN)
+        munmap(control, page)
 
 
 # The owner of an implicit MR, in its own process: it prints its QP number,
@@ -415,3 +431,183 @@ def test_fault_past_a_files_end_is_a_remote_access_error(ctx, pd, local):
         if buf:
             munmap(buf, LEN)
         os.close(fd)
+
+
+# ibv_advise_mr's advice and flag values (uapi ib_user_ioctl_verbs.h).
+PREFETCH, PREFETCH_WRITE, PREFETCH_NO_FAULT = 0, 1, 2
+ADVISE_FLUSH = 1
+CHILD = 128 << 20  # RXE_ODP_CHILD_SIZE: what one child of an implicit MR covers
+MAP_NORESERVE = 0x4000
+
+
+def mem_free_kib():
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("MemFree:"))
+
+
+def unmapped_space(length):
+    """An address range with nothing mapped in it (reserved, then released)."""
+    addr = libc.mmap(None, length, 0, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+    assert addr not in (None, ctypes.c_void_p(-1).value)
+    munmap(addr, length)
+    return (addr + CHILD - 1) & ~(CHILD - 1)
+
+
+@pytest.mark.parametrize("advice", [PREFETCH_NO_FAULT, PREFETCH])
+def test_prefetching_unmapped_space_leaves_no_children(pd, implicit, advice):
+    """Each 128 MiB an implicit MR is asked to map gets a child (a page list
+    of 256 KiB and an interval notifier). Prefetches of unmapped space, which
+    a peer's accesses to unmapped addresses resemble, must not leave one
+    behind for each 128 MiB they named: NO_FAULT makes none, a failed fault
+    gives its child back. Kernel memory stays flat over 256 such regions."""
+    regions = 256
+    base = unmapped_space((regions + 1) * CHILD)
+    time.sleep(1)
+    free0 = mem_free_kib()
+    failures = 0
+    for i in range(regions):
+        try:
+            pd.advise_mr(advice, ADVISE_FLUSH,
+                         [SGE(base + i * CHILD, 4096, implicit.lkey)])
+        except Exception:  # an unmapped range cannot be faulted in
+            failures += 1
+    time.sleep(2)  # the reaper runs off a work queue
+    used = free0 - mem_free_kib()
+    print(f"{regions} prefetches ({failures} failed): {used} KiB of memory used")
+    assert advice == PREFETCH_NO_FAULT or failures == regions
+    # 256 children would hold 64 MiB of page lists.
+    assert used < 16 << 10, f"{used} KiB kept for {regions} unmapped regions"
+
+
+def async_event(ctx, timeout):
+    """The next async event of @ctx, or None after @timeout seconds. The
+    event fds (anon_inode:[infinibandevent], @ctx's among them) are made
+    non-blocking so that a missing event cannot hang the test."""
+    fds = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[infinibandevent]":
+                fds.append(int(fd))
+        except OSError:  # the listing's own fd, gone by now
+            pass
+    assert fds, "no async event fd"
+    for fd in fds:
+        os.set_blocking(fd, False)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ev = ctx.get_async_event()
+        except Exception:
+            time.sleep(0.05)
+            continue
+        ev.ack()
+        return ev.event_type
+    return None
+
+
+@pytest.mark.parametrize("kind", ["pinned", "odp"])
+def test_remote_access_error_raises_qp_access_error_event(ctx, pd, local, kind):
+    """A remote write that fails the responder's checks completes the
+    requester with a remote access error, and (C9-222.1: it cannot be pinned
+    on a receive) raises IBV_EVENT_QP_ACCESS_ERR on the responder's QP. A
+    pinned MR (written past its end) shows the rule; an ODP MR (written
+    where nothing is mapped any more) must follow it."""
+    requester, _responder = LoopbackQP.pair(ctx, pd)
+    buf = mmap_anon(LEN)
+    if kind == "pinned":
+        mr = MR(pd, LEN, ODP & ~e.IBV_ACCESS_ON_DEMAND, address=buf)
+        target = buf + LEN  # past the MR
+    else:
+        mr = MR(pd, LEN, ODP, address=buf)
+        target = buf
+    munmap(buf, LEN)
+    try:
+        assert async_event(ctx, 0) is None, "an event before the test"
+        status = requester.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, 64, mr, target,
+                                timeout=120)
+        assert status == e.IBV_WC_REM_ACCESS_ERR, f"status {status}"
+        assert async_event(ctx, 10) == e.IBV_EVENT_QP_ACCESS_ERR
+    finally:
+        mr.close()
+
+
+SYS_userfaultfd = 323
+UFFD_API = 0xAA
+UFFDIO_API, UFFDIO_REGISTER, UFFDIO_ZEROPAGE = 0xC018AA3F, 0xC020AA00, 0xC020AA04
+UFFDIO_REGISTER_MODE_MISSING = 1
+# Longer than the 50 s rxe_cleanup() waits for an object's references.
+HANDLER_DELAY = 60
+
+
+def kernel_warnings():
+    """Kernel log lines of warnings, bugs, and rxe's own failed cleanups."""
+    r = subprocess.run(["dmesg"], capture_output=True, text=True, check=True)
+    return [line for line in r.stdout.splitlines()
+            if any(w in line for w in ("WARNING:", "BUG:", "Oops", "cleanup failed"))]
+
+
+def test_dereg_waits_for_a_fault_stuck_on_userfaultfd(ctx, pd, local):
+    """A fault may sleep as long as its page takes: here on a userfaultfd
+    range whose handler answers after HANDLER_DELAY seconds. ibv_dereg_mr()
+    of the MR meanwhile must wait for the fault, however long, and free
+    the MR only then: giving up after 50 s frees it under the fault (a
+    WARNING, and on the debug kernel KASAN's use-after-free once the
+    handler answers)."""
+    requester, _responder = LoopbackQP.pair(ctx, pd)
+    buf = mmap_anon(LEN)
+    uffd = libc.syscall(SYS_userfaultfd, os.O_CLOEXEC)
+    assert uffd >= 0, os.strerror(ctypes.get_errno())
+    handler = None
+    try:
+        fcntl.ioctl(uffd, UFFDIO_API, bytearray(struct.pack("QQQ", UFFD_API, 0, 0)))
+        fcntl.ioctl(uffd, UFFDIO_REGISTER,
+                    bytearray(struct.pack("QQQQ", buf, LEN, UFFDIO_REGISTER_MODE_MISSING, 0)))
+        mr = MR(pd, LEN, ODP, address=buf)
+        warnings0 = len(kernel_warnings())
+        faults0 = hw_counter("odp_page_faults")
+        local.write(pattern(64, 5), 64)
+        wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[SGE(local.buf, 64, local.lkey)])
+        wr.set_wr_rdma(mr.rkey, buf)
+        requester.qp.post_send(wr)
+        deadline = time.monotonic() + 30
+        while hw_counter("odp_page_faults") == faults0:
+            assert time.monotonic() < deadline, "the write never faulted"
+        # The handler: another process with the userfaultfd, which fills
+        # the range with zero pages after the delay.
+        handler = subprocess.Popen(
+            [sys.executable, "-c",
+             "import fcntl, struct, sys, time\n"
+             f"time.sleep({HANDLER_DELAY})\n"
+             f"fcntl.ioctl({uffd}, {UFFDIO_ZEROPAGE}, "
+             f"bytearray(struct.pack('QQQq', {buf}, {LEN}, 0, 0)))\n"],
+            pass_fds=(uffd,))
+        t0 = time.monotonic()
+        mr.close()
+        took = time.monotonic() - t0
+        print(f"ibv_dereg_mr took {took:.1f} s; the handler answered after {HANDLER_DELAY} s")
+        assert handler.wait(timeout=120) == 0
+        new = kernel_warnings()[warnings0:]
+        assert not new, f"kernel warnings: {new}"
+        assert took >= HANDLER_DELAY - 5, "dereg returned while the fault still waited"
+        requester.wait(timeout=120)  # the write ends, one way or the other
+    finally:
+        if handler and handler.poll() is None:
+            handler.kill()
+            handler.wait()
+        os.close(uffd)
+        munmap(buf, LEN)
+
+
+def test_implicit_mr_refuses_flush_access(pd):
+    """A FLUSH of a whole MR names its length: of an implicit MR, the whole
+    address space (and rxe's flush length was cut to 32 bits on the way).
+    An implicit MR does not take FLUSH access; an explicit one does."""
+    for flush in (e.IBV_ACCESS_FLUSH_GLOBAL, e.IBV_ACCESS_FLUSH_PERSISTENT):
+        with pytest.raises(Exception) as err:
+            MR(pd, 0, ODP | flush, implicit=True)
+        assert getattr(err.value, "error_code", None) == errno.EINVAL, err.value
+    buf = mmap_anon(LEN)
+    try:
+        MR(pd, LEN, ODP | e.IBV_ACCESS_FLUSH_GLOBAL, address=buf).close()
+    finally:
+        munmap(buf, LEN)

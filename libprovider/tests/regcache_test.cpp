@@ -42,11 +42,12 @@ void *slot_address(int slot)
 
 struct Cache {
 	odpwatch_cache *c = nullptr;
-	explicit Cache(int policy, uint64_t max_entries = 0)
+	explicit Cache(int policy, uint64_t max_entries = 0, uint64_t max_bytes = 0)
 	{
 		odpwatch_cache_attr a{};
 		a.policy = policy;
 		a.max_entries = max_entries;
+		a.max_bytes = max_bytes;
 		CHECK_RC(odpwatch_cache_create(&a, &c), 0);
 	}
 	~Cache()
@@ -268,6 +269,25 @@ void limits()
 	CHECK(s.entries == 4 && s.in_use == 0);
 }
 
+// An implicit ODP registration pins nothing: it counts 0 bytes, and a byte
+// limit never evicts it (counted as 2^64 - 1 bytes, it was evicted at every
+// last put and registered again at every get).
+void implicit_max_bytes()
+{
+	Peer p;
+	Cache c(ODPWATCH_CACHE_IMPLICIT_ODP, 0, 1 << 20);
+	auto a = filled(slot_address(32), 'i');
+	for (int i = 0; i < 3; i++)
+		p.send(c.c, a);
+	CHECK(p.received('i'));
+	auto s = c.stats();
+	std::printf("# %lu registrations, %lu evictions, %lu hits, %lu bytes\n",
+		    (unsigned long)s.registrations, (unsigned long)s.evictions,
+		    (unsigned long)s.hits, (unsigned long)s.bytes);
+	CHECK(s.registrations == 1 && s.evictions == 0 && s.hits == 2);
+	CHECK(s.entries == 1 && s.bytes == 0);
+}
+
 // Pinned memory is released when the application frees it, through the
 // memwatch descriptor, without waiting for a get of that address.
 void events()
@@ -336,6 +356,7 @@ const std::map<std::string, std::function<void()>> cases = {
 	{"threads-explicit-odp", [] { threads(ODPWATCH_CACHE_EXPLICIT_ODP); }},
 	{"threads-implicit-odp", [] { threads(ODPWATCH_CACHE_IMPLICIT_ODP); }},
 	{"limits", limits},
+	{"implicit-max-bytes", implicit_max_bytes},
 	{"events", events},
 	{"bad-input", bad_input},
 };
