@@ -64,6 +64,14 @@ struct rxe_odp_mr {
 	struct work_struct reap_work;
 	atomic64_t counters[RXE_ODP_NUM_COUNTERS];
 
+	/*
+	 * Faults running now (they may sleep for as long as a page takes,
+	 * a userfaultfd's handler included), and whether deregistration
+	 * began: it waits for them, and no new one starts.
+	 */
+	atomic_t faults;
+	bool dying;
+
 	/* Responder faults: queued work, and the last range that failed. */
 	spinlock_t fault_lock;
 	unsigned int faults_queued;
@@ -73,6 +81,9 @@ struct rxe_odp_mr {
 	u64 transient_va;		/* the last address of a transient failure */
 	unsigned int transient_tries;	/* its failures in a row */
 };
+
+/* Faults, prefetches and reaping run here, apart from the QPs' tasks. */
+extern struct workqueue_struct *rxe_odp_wq;
 
 /* xarray mark of a child that may have no page left: reap_work checks it. */
 #define RXE_ODP_CHILD_REAP	XA_MARK_1
@@ -90,7 +101,13 @@ static inline u64 rxe_odp_va(struct rxe_mr *mr, u64 iova)
 
 void rxe_odp_count(struct rxe_mr *mr, enum rxe_odp_counter c, u64 pages);
 
-/* rxe_odp_mr.c: the umem that backs @va, for an implicit MR created if need be. */
-struct ib_umem_odp *rxe_odp_umem_at(struct rxe_mr *mr, u64 va);
+/*
+ * rxe_odp_mr.c: the umem that backs @va; of an implicit MR, the child,
+ * created if need be when @create (else NULL if there is none).
+ */
+struct ib_umem_odp *rxe_odp_umem_at(struct rxe_mr *mr, u64 va, bool create);
+void rxe_odp_reap_later(struct rxe_mr *mr, struct ib_umem_odp *umem_odp);
+int rxe_odp_fault_and_lock(struct rxe_mr *mr, struct ib_umem_odp *umem_odp,
+			   u64 va, u64 len, bool write, bool fault);
 
 #endif /* RXE_ODP_H */

@@ -54,7 +54,7 @@ static int rxe_odp_map_and_lock(struct rxe_mr *mr, struct ib_umem_odp *umem_odp,
 				u64 va, u64 len, bool write)
 {
 	u64 absent;
-	int np;
+	int err;
 
 	if (write && !umem_odp->umem.writable)
 		return -EFAULT;
@@ -65,14 +65,13 @@ static int rxe_odp_map_and_lock(struct rxe_mr *mr, struct ib_umem_odp *umem_odp,
 	mutex_unlock(&umem_odp->umem_mutex);
 
 	rxe_odp_count(mr, RXE_ODP_PAGE_FAULTS, absent);
-	np = ib_umem_odp_map_dma_and_lock(umem_odp, va, len,
-					  write ? HMM_PFN_WRITE : 0, true);
-	if (np < 0)
-		return np;
-	/* Locked, and no invalidation since the fault: all must be there. */
+	err = rxe_odp_fault_and_lock(mr, umem_odp, va, len, write, true);
+	if (err)
+		return err;
+	/* A long range may have lost an earlier batch again: retry later. */
 	if (rxe_odp_absent(umem_odp, va, len, write)) {
 		mutex_unlock(&umem_odp->umem_mutex);
-		return -EFAULT;
+		return -EAGAIN;
 	}
 	rxe_odp_count(mr, RXE_ODP_PAGE_FAULTS_HANDLED, absent);
 	return 0;
@@ -113,11 +112,13 @@ typedef int (*rxe_odp_chunk_fn)(struct rxe_mr *mr,
 
 /*
  * Split [iova, iova + len) of @mr where its umems end (the children of an
- * implicit MR, created as needed) and apply @fn to each piece, with the
- * children held.
+ * implicit MR, created as needed if @create, else skipped where there is
+ * none) and apply @fn to each piece, with the children held. A child that
+ * @fn fails on is left to the reaper: a fault of unmapped memory must not
+ * leave an empty child behind for each 128 MiB it addressed.
  */
 static int rxe_odp_by_chunk(struct rxe_mr *mr, u64 iova, u64 len,
-			    rxe_odp_chunk_fn fn, void *arg)
+			    bool create, rxe_odp_chunk_fn fn, void *arg)
 {
 	bool implicit = rxe_odp_is_implicit(mr);
 	struct rxe_odp_chunk c = { .va = rxe_odp_va(mr, iova) };
@@ -126,15 +127,23 @@ static int rxe_odp_by_chunk(struct rxe_mr *mr, u64 iova, u64 len,
 	if (implicit)
 		down_read(&mr->odp->children_sem);
 	while (len) {
-		c.umem_odp = rxe_odp_umem_at(mr, c.va);
+		c.umem_odp = rxe_odp_umem_at(mr, c.va, create);
 		if (IS_ERR(c.umem_odp)) {
 			err = PTR_ERR(c.umem_odp);
 			break;
 		}
-		c.len = min(len, ib_umem_end(c.umem_odp) - c.va);
-		err = fn(mr, &c, arg);
-		if (err)
+		if (c.umem_odp) {
+			c.len = min(len, ib_umem_end(c.umem_odp) - c.va);
+			err = fn(mr, &c, arg);
+		} else {
+			c.len = min(len, RXE_ODP_CHILD_SIZE -
+				    (c.va & (RXE_ODP_CHILD_SIZE - 1)));
+		}
+		if (err) {
+			if (implicit)
+				rxe_odp_reap_later(mr, c.umem_odp);
 			break;
+		}
 		c.va += c.len;
 		len -= c.len;
 	}
@@ -174,7 +183,7 @@ static int rxe_odp_walk(struct rxe_mr *mr, u64 iova, u64 len, bool write,
 {
 	struct rxe_odp_walk w = { .write = write, .fn = fn, .arg = arg };
 
-	return rxe_odp_by_chunk(mr, iova, len, rxe_odp_walk_chunk, &w);
+	return rxe_odp_by_chunk(mr, iova, len, true, rxe_odp_walk_chunk, &w);
 }
 
 struct rxe_odp_copy {
@@ -316,13 +325,12 @@ static int rxe_odp_map_chunk(struct rxe_mr *mr, const struct rxe_odp_chunk *c,
 			     void *arg)
 {
 	struct rxe_odp_map *m = arg;
-	int np;
+	int err;
 
-	np = ib_umem_odp_map_dma_and_lock(c->umem_odp, c->va, c->len,
-					  m->write ? HMM_PFN_WRITE : 0,
-					  m->fault);
-	if (np < 0)
-		return np;
+	err = rxe_odp_fault_and_lock(mr, c->umem_odp, c->va, c->len, m->write,
+				     m->fault);
+	if (err)
+		return err;
 	mutex_unlock(&c->umem_odp->umem_mutex);
 	rxe_odp_count(mr, m->counter, rxe_odp_npages(c->va, c->len));
 	return 0;
@@ -340,7 +348,11 @@ static int rxe_odp_map_range(struct rxe_mr *mr, u64 iova, u64 len, bool write,
 		.write = write, .fault = fault, .counter = counter,
 	};
 
-	return rxe_odp_by_chunk(mr, iova, len, rxe_odp_map_chunk, &m);
+	/*
+	 * PREFETCH_NO_FAULT makes no child: it is advice, and a child made
+	 * for it over a hole would only hold memory until deregistration.
+	 */
+	return rxe_odp_by_chunk(mr, iova, len, fault, rxe_odp_map_chunk, &m);
 }
 
 /*
@@ -461,7 +473,7 @@ int rxe_ib_advise_mr(struct ib_pd *ibpd, enum ib_uverbs_advise_mr_advice advice,
 	if (flags & IB_UVERBS_ADVISE_MR_FLAG_FLUSH)
 		return rxe_odp_prefetch(work, true);
 	INIT_WORK(&work->work, rxe_odp_prefetch_work);
-	queue_work(rxe_wq, &work->work);
+	queue_work(rxe_odp_wq, &work->work);
 	return 0;
 }
 
@@ -744,6 +756,6 @@ enum resp_states rxe_odp_resp_check(struct rxe_qp *qp, struct rxe_mr *mr,
 	work->iova = iova;
 	work->len = len;
 	work->write = write;
-	queue_work(rxe_wq, &work->work);
+	queue_work(rxe_odp_wq, &work->work);
 	return rxe_odp_rnr(qp);
 }

@@ -15,6 +15,19 @@
 #include "rxe.h"
 #include "rxe_odp.h"
 
+struct workqueue_struct *rxe_odp_wq;
+
+int rxe_odp_init(void)
+{
+	rxe_odp_wq = alloc_workqueue("rxe_odp", WQ_UNBOUND, 0);
+	return rxe_odp_wq ? 0 : -ENOMEM;
+}
+
+void rxe_odp_exit(void)
+{
+	destroy_workqueue(rxe_odp_wq);
+}
+
 static const char * const rxe_odp_counter_names[RXE_ODP_NUM_COUNTERS] = {
 	[RXE_ODP_PAGE_FAULTS] = "page_faults",
 	[RXE_ODP_PAGE_FAULTS_HANDLED] = "page_faults_handled",
@@ -73,6 +86,8 @@ int rxe_odp_fill_stat_mr_entry(struct sk_buff *msg, struct ib_mr *ibmr)
 static void rxe_odp_unmap(struct ib_umem_odp *umem_odp, u64 start, u64 end,
 			  u64 *mapped)
 {
+	const unsigned long writable = HMM_PFN_VALID | HMM_PFN_WRITE;
+	bool dirty = umem_odp->umem.writable;
 	unsigned long *pfns = umem_odp->map.pfn_list;
 	u64 page_size = BIT_ULL(umem_odp->page_shift);
 	u64 va, idx;
@@ -84,8 +99,29 @@ static void rxe_odp_unmap(struct ib_umem_odp *umem_odp, u64 start, u64 end,
 		idx = (va - ib_umem_start(umem_odp)) >> PAGE_SHIFT;
 		if (pfns[idx] & HMM_PFN_VALID)
 			(*mapped)++;
+		/*
+		 * The responder may have written the page through this entry,
+		 * never through the user's PTE, which stays clean: without
+		 * this, reclaim could drop the data (a MADV_FREE page) or
+		 * never write it back (a shared file). The entry is one the
+		 * mm still maps (rxe_odp_fault_and_lock() enters no other),
+		 * and an invalidation runs before its pages are freed.
+		 */
+		if (dirty && (pfns[idx] & writable) == writable)
+			folio_mark_dirty(page_folio(hmm_pfn_to_page(pfns[idx])));
 		pfns[idx] &= ~HMM_PFN_FLAGS;
 	}
+}
+
+/* Drop the whole page list of a umem about to be released. */
+static void rxe_odp_unmap_all(struct ib_umem_odp *umem_odp)
+{
+	u64 mapped = 0;
+
+	mutex_lock(&umem_odp->umem_mutex);
+	rxe_odp_unmap(umem_odp, ib_umem_start(umem_odp), ib_umem_end(umem_odp),
+		      &mapped);
+	mutex_unlock(&umem_odp->umem_mutex);
 }
 
 static bool rxe_odp_invalidate(struct mmu_interval_notifier *mni,
@@ -115,16 +151,25 @@ static bool rxe_odp_invalidate(struct mmu_interval_notifier *mni,
 		if (mapped)
 			WRITE_ONCE(mr->odp->churn, jiffies);
 		/* A child whose memory is unmapped may be empty now. */
-		if (umem_odp != to_ib_umem_odp(mr->umem) &&
-		    range->event == MMU_NOTIFY_UNMAP) {
-			xa_set_mark(&mr->odp->children,
-				    ib_umem_start(umem_odp) >> RXE_ODP_CHILD_SHIFT,
-				    RXE_ODP_CHILD_REAP);
-			queue_work(rxe_wq, &mr->odp->reap_work);
-		}
+		if (range->event == MMU_NOTIFY_UNMAP)
+			rxe_odp_reap_later(mr, umem_odp);
 	}
 	mutex_unlock(&umem_odp->umem_mutex);
 	return true;
+}
+
+/*
+ * @umem_odp, if a child of implicit @mr, may map no page any more: have the
+ * reaper look at it.
+ */
+void rxe_odp_reap_later(struct rxe_mr *mr, struct ib_umem_odp *umem_odp)
+{
+	if (umem_odp == to_ib_umem_odp(mr->umem))
+		return;
+	xa_set_mark(&mr->odp->children,
+		    ib_umem_start(umem_odp) >> RXE_ODP_CHILD_SHIFT,
+		    RXE_ODP_CHILD_REAP);
+	queue_work(rxe_odp_wq, &mr->odp->reap_work);
 }
 
 /* Let invalidations of @umem_odp account to @mr (NULL: to nobody). */
@@ -176,7 +221,7 @@ static void rxe_odp_reap_children(struct work_struct *work)
 	up_write(&odp->children_sem);
 }
 
-struct ib_umem_odp *rxe_odp_umem_at(struct rxe_mr *mr, u64 va)
+struct ib_umem_odp *rxe_odp_umem_at(struct rxe_mr *mr, u64 va, bool create)
 {
 	struct ib_umem_odp *root = to_ib_umem_odp(mr->umem);
 	struct rxe_odp_mr *odp = mr->odp;
@@ -189,10 +234,11 @@ struct ib_umem_odp *rxe_odp_umem_at(struct rxe_mr *mr, u64 va)
 		return root;
 	}
 	lockdep_assert_held(&odp->children_sem);
-	if (va >= TASK_SIZE)
+	/* The owner's own limit: a 32-bit process's is below TASK_SIZE. */
+	if (va >= READ_ONCE(root->umem.owning_mm->task_size))
 		return ERR_PTR(-EFAULT);
 	child = xa_load(&odp->children, idx);
-	if (child)
+	if (child || !create)
 		return child;
 
 	child = ib_umem_odp_alloc_child(root, idx << RXE_ODP_CHILD_SHIFT,
@@ -209,15 +255,163 @@ struct ib_umem_odp *rxe_odp_umem_at(struct rxe_mr *mr, u64 va)
 	return child;
 }
 
+/*
+ * Walks of the page tables fill a buffer of at most this many entries, and
+ * the page list takes them a batch at a time.
+ */
+#define RXE_ODP_WALK_PAGES	512
+
+/*
+ * Walk @npages pages from @start, faulting if @fault, and enter the pages
+ * found in the page list; returns with umem_mutex held (not on error).
+ */
+static int rxe_odp_fault_batch(struct ib_umem_odp *umem_odp,
+			       unsigned long *pfns, u64 start, u64 npages,
+			       bool write, bool fault, unsigned long deadline)
+{
+	struct hmm_range range = {
+		.notifier = &umem_odp->notifier,
+		.start = start,
+		.end = start + (npages << PAGE_SHIFT),
+		.hmm_pfns = pfns,
+	};
+	u64 first = (start - ib_umem_start(umem_odp)) >> PAGE_SHIFT;
+	u64 i;
+	int err;
+
+	if (fault)
+		range.default_flags = HMM_PFN_REQ_FAULT |
+				      (write ? HMM_PFN_REQ_WRITE : 0);
+	for (;;) {
+		/* hmm keeps the in/out flags of what it is given. */
+		memset(pfns, 0, npages * sizeof(*pfns));
+		err = hmm_range_fault_unlocked_timeout(&range,
+						       msecs_to_jiffies(HMM_RANGE_DEFAULT_TIMEOUT));
+		if (err)
+			return err;
+		mutex_lock(&umem_odp->umem_mutex);
+		if (!mmu_interval_read_retry(&umem_odp->notifier,
+					     range.notifier_seq))
+			break;
+		mutex_unlock(&umem_odp->umem_mutex);
+		/* Invalidated while walking, again and again: let it settle. */
+		if (time_after(jiffies, deadline))
+			return -EBUSY;
+	}
+	for (i = 0; i < npages; i++)
+		if (pfns[i] & HMM_PFN_VALID)
+			umem_odp->map.pfn_list[first + i] = pfns[i];
+	return 0;
+}
+
+/* Count a fault of @mr (NULL: one at registration), unless it is dying. */
+static bool rxe_odp_fault_begin(struct rxe_mr *mr)
+{
+	if (!mr)
+		return true;
+	atomic_inc(&mr->odp->faults);
+	/* Pairs with rxe_odp_mr_quiesce(): it sees us, or we see dying. */
+	smp_mb__after_atomic();
+	if (!READ_ONCE(mr->odp->dying))
+		return true;
+	if (atomic_dec_and_test(&mr->odp->faults))
+		wake_up_var(&mr->odp->faults);
+	return false;
+}
+
+static void rxe_odp_fault_end(struct rxe_mr *mr)
+{
+	if (mr && atomic_dec_and_test(&mr->odp->faults))
+		wake_up_var(&mr->odp->faults);
+}
+
+/*
+ * Deregistration: no fault of @mr starts any more, and those running are
+ * waited for, however long they take. A fault holds the MR, and the core's
+ * wait for an MR's references gives up after 50 s and frees it anyway: a
+ * fault blocked that long (on a userfaultfd range) would then use freed
+ * memory. Faults that start after this fail, and their accesses with them.
+ */
+void rxe_odp_mr_quiesce(struct rxe_mr *mr)
+{
+	struct rxe_odp_mr *odp = mr->odp;
+
+	if (!odp)
+		return;
+	WRITE_ONCE(odp->dying, true);
+	/* Pairs with rxe_odp_fault_begin(): we see its count, or it dying. */
+	smp_mb();
+	wait_var_event(&odp->faults, !atomic_read(&odp->faults));
+}
+
+/*
+ * Make [va, va + len) of @umem_odp present, writable if @write, faulting
+ * what is absent if @fault (else only entering what the mm maps already),
+ * and return with umem_mutex held; on error it is not held. Only the last
+ * batch of a range longer than RXE_ODP_WALK_PAGES is sure to be present
+ * then: a caller that needs all of it checks under the lock.
+ *
+ * Not ib_umem_odp_map_dma_and_lock(): there hmm_range_fault() writes the
+ * page list itself, without umem_mutex. An invalidation that runs between
+ * the walk's reading a PTE and its storing the entry, or a walk that fails
+ * part way, leaves an entry marked valid for a page the mm has freed. A
+ * device with DMA mappings uses those, made under the lock; rxe reads the
+ * page list itself, so only entries checked under umem_mutex against the
+ * notifier's sequence may enter it.
+ */
+int rxe_odp_fault_and_lock(struct rxe_mr *mr, struct ib_umem_odp *umem_odp,
+			   u64 va, u64 len, bool write, bool fault)
+{
+	struct mm_struct *mm = umem_odp->umem.owning_mm;
+	u64 start = ALIGN_DOWN(va, PAGE_SIZE);
+	u64 end = ALIGN(va + len, PAGE_SIZE);
+	unsigned long deadline = jiffies +
+				 msecs_to_jiffies(HMM_RANGE_DEFAULT_TIMEOUT);
+	unsigned long *pfns;
+	u64 n;
+	int err = 0;
+
+	if (!len || va < ib_umem_start(umem_odp) ||
+	    va + len > ib_umem_end(umem_odp))
+		return -EFAULT;
+	if (!rxe_odp_fault_begin(mr))
+		return -EFAULT;
+	pfns = kmalloc_array(min_t(u64, (end - start) >> PAGE_SHIFT,
+				   RXE_ODP_WALK_PAGES),
+			     sizeof(*pfns), GFP_KERNEL);
+	if (!pfns) {
+		rxe_odp_fault_end(mr);
+		return -ENOMEM;
+	}
+	/* The owner exited: nothing left to map. */
+	if (!mmget_not_zero(mm)) {
+		kfree(pfns);
+		rxe_odp_fault_end(mr);
+		return -EINVAL;
+	}
+	while (start < end) {
+		n = min_t(u64, (end - start) >> PAGE_SHIFT, RXE_ODP_WALK_PAGES);
+		err = rxe_odp_fault_batch(umem_odp, pfns, start, n, write,
+					  fault, deadline);
+		if (err)
+			break;
+		start += n << PAGE_SHIFT;
+		if (start < end)
+			mutex_unlock(&umem_odp->umem_mutex);
+	}
+	/* The last reference may go here: this may run in the QP's task. */
+	mmput_async(mm);
+	kfree(pfns);
+	rxe_odp_fault_end(mr);
+	return err;
+}
+
 /* Map what is already present, without faulting: the first access is cheap. */
 static void rxe_odp_snapshot(struct ib_umem_odp *umem_odp)
 {
-	int np;
-
-	np = ib_umem_odp_map_dma_and_lock(umem_odp, ib_umem_start(umem_odp),
-					  ib_umem_end(umem_odp) -
-					  ib_umem_start(umem_odp), 0, false);
-	if (np >= 0)
+	if (!rxe_odp_fault_and_lock(NULL, umem_odp, ib_umem_start(umem_odp),
+				    ib_umem_end(umem_odp) -
+				    ib_umem_start(umem_odp), false, false))
 		mutex_unlock(&umem_odp->umem_mutex);
 }
 
@@ -231,6 +425,10 @@ int rxe_odp_mr_init_user(struct rxe_dev *rxe, u64 start, u64 length,
 	rxe_mr_init(access_flags, mr);
 	/* An implicit MR is the address space itself: iova is the address. */
 	if (implicit && iova)
+		return -EINVAL;
+	/* A FLUSH of the whole MR would name the whole address space. */
+	if (implicit && (access_flags & (IB_ACCESS_FLUSH_GLOBAL |
+					 IB_ACCESS_FLUSH_PERSISTENT)))
 		return -EINVAL;
 
 	odp = kzalloc_obj(*odp);
@@ -290,9 +488,12 @@ void rxe_odp_mr_cleanup(struct rxe_mr *mr)
 	if (!odp)
 		return;
 	rxe_odp_set_owner(to_ib_umem_odp(mr->umem), NULL);
+	if (!rxe_odp_is_implicit(mr))
+		rxe_odp_unmap_all(to_ib_umem_odp(mr->umem));
 	down_write(&odp->children_sem);
 	xa_for_each(&odp->children, idx, child) {
 		xa_erase(&odp->children, idx);
+		rxe_odp_unmap_all(child);
 		ib_umem_odp_release(child);
 	}
 	up_write(&odp->children_sem);
