@@ -29,6 +29,18 @@ uintptr_t page_size()
 	static const uintptr_t page = sysconf(_SC_PAGESIZE);
 	return page;
 }
+constexpr unsigned remote_access =
+	IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
+
+// An implicit ODP MR's rkey reaches every byte of the process: a peer given
+// it could read or write anything. It serves local access only; a
+// registration with remote access gets an explicit ODP MR of its own range.
+Policy for_access(Policy pd_policy, unsigned access)
+{
+	if (pd_policy == Policy::ImplicitOdp && (access & remote_access))
+		return Policy::ExplicitOdp;
+	return pd_policy;
+}
 } // namespace
 
 struct RegCache::Entry {
@@ -40,7 +52,8 @@ struct RegCache::Entry {
 	std::atomic<uint32_t> refs{0};
 	std::atomic<uint64_t> last_use{0};
 	std::atomic<bool> retired{false}; // out of the map, freed at the last put
-	uint64_t bytes() const { return key.end - key.start; }
+	// What it pins: an implicit ODP MR covers everything and pins nothing.
+	uint64_t bytes() const { return policy == Policy::ImplicitOdp ? 0 : key.end - key.start; }
 };
 
 RegCache::RegCache(Policy policy, Limits limits) : policy_(policy), limits_(limits) {}
@@ -313,10 +326,11 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 	{
 		std::shared_lock lock(mu_);
 		if (auto it = pd_policy_.find(pd); it != pd_policy_.end())
-			if (Entry *e = lookup(key_for(it->second)); e && fresh(e))
+			if (Entry *e = lookup(key_for(for_access(it->second, access)));
+			    e && fresh(e))
 				return take(e);
 	}
-	const Policy policy = resolve(pd);
+	const Policy policy = for_access(resolve(pd), access);
 	const Key k = key_for(policy);
 
 	Graveyard dead(*this); // declared first: destroys after the lock is gone

@@ -5,7 +5,9 @@
  *
  * What keeps a cached registration correct depends on the policy:
  *  - implicit ODP: one implicit ODP MR per (pd, access) covers every address;
- *    nothing is ever stale;
+ *    nothing is ever stale. For local access only: a get with remote access
+ *    gets an explicit ODP MR of its range (an implicit rkey would expose
+ *    the whole process to the peer);
  *  - explicit ODP: an ODP MR per range; the device follows the mapping, so
  *    nothing is stale either, the cache only bounds how many MRs exist;
  *  - pinned + memwatch: a pinned MR per range, watched with memwatch; a
