@@ -38,6 +38,18 @@ def mmap_anon(length, addr=None, flags=0):
     return p
 
 
+def assert_bytes(got, want, what="bytes"):
+    """got == want, failing with where they first differ. Not a plain
+    assert: pytest's explanation of two unequal long byte strings (a diff)
+    takes minutes per KiB."""
+    if got == want:
+        return
+    n = min(len(got), len(want))
+    at = next((i for i in range(n) if got[i] != want[i]), n)
+    raise AssertionError(f"{what}: {len(got)} bytes, {len(want)} wanted; first difference at "
+                         f"offset {at}: {got[at:at + 8].hex()} != {want[at:at + 8].hex()}")
+
+
 MADV_DONTNEED, MADV_NOHUGEPAGE = 4, 15
 
 

@@ -18,7 +18,7 @@ import pytest
 import pyverbs.enums as e
 from pyverbs.mr import MR
 
-from conftest import hw_counter, mmap_anon, munmap
+from conftest import assert_bytes, hw_counter, mmap_anon, munmap
 
 BINARY = "/out/guest/bin/failnth-sweep"
 OPERATIONS = [
@@ -174,7 +174,7 @@ def test_responder_fault_out_of_memory_is_retried(pd, loopback):
         rnr = hw_counter("rcvd_rnr_err") - rnr0
         print(f"{injected} allocation failures injected, {rnr} RNR NAKs, status {status}")
         assert status == e.IBV_WC_SUCCESS, f"WRITE ended with status {status}"
-        assert ctypes.string_at(dst_buf, size) == data
+        assert_bytes(ctypes.string_at(dst_buf, size), data)
         assert injected >= times, f"only {injected} failures injected"
         assert rnr >= 2, f"{rnr} RNR NAKs for {injected} failed allocations"
     finally:

@@ -15,7 +15,7 @@ import pytest
 import pyverbs.enums as e
 from pyverbs.mr import MR
 
-from conftest import LoopbackQP, mmap_anon, munmap
+from conftest import LoopbackQP, assert_bytes, mmap_anon, munmap
 
 BINARY = "/out/guest/bin/regcache-test"
 CASES = ["reuse-pinned", "reuse-explicit-odp", "reuse-implicit-odp",
@@ -64,7 +64,7 @@ def test_python_cache_never_sends_freed_bytes(ctx, pd, loopback, policy):
                 with cache.get(buf, LEN, e.IBV_ACCESS_LOCAL_WRITE) as reg:
                     st = loopback.rdma(e.IBV_WR_RDMA_WRITE, reg, buf, LEN, dst_mr, dst)
                 assert st == e.IBV_WC_SUCCESS
-                assert ctypes.string_at(dst, LEN) == bytes([byte]) * LEN
+                assert_bytes(ctypes.string_at(dst, LEN), bytes([byte]) * LEN)
                 munmap(buf, LEN)
             s = cache.stats()
             stale = 1 if policy == "pinned" else 0
@@ -116,7 +116,7 @@ def test_default_cache_exposes_only_the_buffer(ctx, pd):
             with cache.get(buf, LEN, REMOTE) as reg:
                 assert requester.rdma(e.IBV_WR_RDMA_READ, land_mr, land, 64, reg, buf) == \
                     e.IBV_WC_SUCCESS
-                assert ctypes.string_at(land, 64) == b"\x42" * 64
+                assert_bytes(ctypes.string_at(land, 64), b"\x42" * 64)
                 fill(land, 0)
                 st = requester.rdma(e.IBV_WR_RDMA_READ, land_mr, land, 64, reg, secret)
                 assert ctypes.string_at(land, 64) != b"\x53" * 64, "the peer read the secret"

@@ -21,8 +21,8 @@ from pyverbs.srq import SRQ, SrqAttr, SrqInitAttr
 from pyverbs.wr import SGE, RecvWR, SendWR
 
 from conftest import (MADV_NOHUGEPAGE, MAP_ANONYMOUS, MAP_HUGETLB, MAP_PRIVATE, PROT_RW,
-                      LoopbackQP, hw_counter, libc, madvise, madvise_dontneed, mmap_anon,
-                      munmap)
+                      LoopbackQP, assert_bytes, hw_counter, libc, madvise, madvise_dontneed,
+                      mmap_anon, munmap)
 
 LEN = 64 * 1024
 HUGE = 2 << 20
@@ -81,7 +81,7 @@ def test_implicit_send_recv(loopback, implicit):
         poke(src, pattern(LEN, 1))
         assert loopback.send_recv(implicit, src, implicit, dst, LEN) == \
             (e.IBV_WC_SUCCESS, e.IBV_WC_SUCCESS)
-        assert peek(dst, LEN) == pattern(LEN, 1)
+        assert_bytes(peek(dst, LEN), pattern(LEN, 1))
     finally:
         munmap(src, LEN)
         munmap(dst, LEN)
@@ -93,11 +93,11 @@ def test_implicit_remote_write_read_atomic(loopback, implicit, local):
         local.write(pattern(LEN, 2), LEN)
         assert loopback.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, LEN,
                              implicit, buf) == e.IBV_WC_SUCCESS
-        assert peek(buf, LEN) == pattern(LEN, 2)
+        assert_bytes(peek(buf, LEN), pattern(LEN, 2))
         poke(buf, pattern(LEN, 3))
         assert loopback.rdma(e.IBV_WR_RDMA_READ, local, local.buf, LEN,
                              implicit, buf) == e.IBV_WC_SUCCESS
-        assert local.read(LEN, 0) == pattern(LEN, 3)
+        assert_bytes(local.read(LEN, 0), pattern(LEN, 3))
         poke(buf + 8, (1000).to_bytes(8, "little"))
         assert loopback.fetch_add(local, local.buf, implicit, buf + 8, 24) == e.IBV_WC_SUCCESS
         assert int.from_bytes(local.read(8, 0), "little") == 1000
@@ -115,11 +115,11 @@ def test_hugetlb_odp_mr(pd, loopback, local):
         local.write(pattern(LEN, 4), LEN)
         assert loopback.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, LEN,
                              mr, buf + off) == e.IBV_WC_SUCCESS
-        assert peek(buf + off, LEN) == pattern(LEN, 4)
+        assert_bytes(peek(buf + off, LEN), pattern(LEN, 4))
         poke(buf + HUGE - LEN, pattern(LEN, 5))
         assert loopback.rdma(e.IBV_WR_RDMA_READ, local, local.buf, LEN,
                              mr, buf + HUGE - LEN) == e.IBV_WC_SUCCESS
-        assert local.read(LEN, 0) == pattern(LEN, 5)
+        assert_bytes(local.read(LEN, 0), pattern(LEN, 5))
     finally:
         mr.close()
         munmap(buf, HUGE)
@@ -135,7 +135,7 @@ def test_hugetlb_flag_over_small_pages(pd, loopback, local):
         local.write(pattern(LEN, 6), LEN)
         assert loopback.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, LEN,
                              mr, buf + 12345) == e.IBV_WC_SUCCESS
-        assert peek(buf + 12345, LEN) == pattern(LEN, 6)
+        assert_bytes(peek(buf + 12345, LEN), pattern(LEN, 6))
     finally:
         mr.close()
         munmap(buf, HUGE)
@@ -153,7 +153,7 @@ def test_data_follows_madvise_and_remap(loopback, local, odp_buffer):
         poke(buf, pattern(LEN, 10 + cycle))
         assert loopback.rdma(e.IBV_WR_RDMA_READ, local, local.buf, LEN,
                              mr, buf) == e.IBV_WC_SUCCESS
-        assert local.read(LEN, 0) == pattern(LEN, 10 + cycle), f"cycle {cycle}"
+        assert_bytes(local.read(LEN, 0), pattern(LEN, 10 + cycle), f"cycle {cycle}")
 
 
 def test_fork_cow_with_odp_mr(pd, loopback, local):
@@ -176,11 +176,11 @@ def test_fork_cow_with_odp_mr(pd, loopback, local):
         os.close(w)
         assert loopback.rdma(e.IBV_WR_RDMA_READ, local, local.buf, LEN,
                              mr, buf) == e.IBV_WC_SUCCESS
-        assert local.read(LEN, 0) == pattern(LEN, 20), "saw the child's copy"
+        assert_bytes(local.read(LEN, 0), pattern(LEN, 20), "saw the child's copy")
         poke(buf, pattern(LEN, 22))                 # COW break in the parent
         assert loopback.rdma(e.IBV_WR_RDMA_READ, local, local.buf, LEN,
                              mr, buf) == e.IBV_WC_SUCCESS
-        assert local.read(LEN, 0) == pattern(LEN, 22)
+        assert_bytes(local.read(LEN, 0), pattern(LEN, 22))
     finally:
         mr.close()
         munmap(buf, LEN)
@@ -212,7 +212,7 @@ def test_traffic_races_invalidation(loopback, local, odp_buffer):
     local.write(pattern(LEN, 200), LEN)
     assert loopback.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, LEN,
                          mr, buf) == e.IBV_WC_SUCCESS
-    assert peek(buf, LEN) == pattern(LEN, 200)
+    assert_bytes(peek(buf, LEN), pattern(LEN, 200))
 
 
 def test_first_touch_write_faults_off_the_qp(pd, loopback):
@@ -230,8 +230,8 @@ def test_first_touch_write_faults_off_the_qp(pd, loopback):
                              dst, dst_buf, timeout=600) == e.IBV_WC_SUCCESS
         rnr = hw_counter("rcvd_rnr_err") - rnr0
         handled = hw_counter("odp_page_faults_handled") - handled0
-        assert peek(dst_buf, 4096) == b"\x6b" * 4096
-        assert peek(dst_buf + size - 4096, 4096) == b"\x6b" * 4096
+        assert_bytes(peek(dst_buf, 4096), b"\x6b" * 4096)
+        assert_bytes(peek(dst_buf + size - 4096, 4096), b"\x6b" * 4096)
         assert handled >= size // 4096, f"{handled} pages faulted in"
         assert 1 <= rnr <= 64, f"{rnr} RNR NAKs for {size >> 20} MiB"
     finally:
@@ -278,7 +278,7 @@ def test_write_with_imm_into_absent_odp_pages_takes_one_srq_receive_each(ctx, pd
                     got.append((wc.wr_id, imm))
         assert hw_counter("rcvd_rnr_err") - rnr0 >= writes, "the writes did not meet absent pages"
         assert got == [(i, i) for i in range(writes)], "receives lost or out of order"
-        assert peek(buf + (writes - 1) * stride, 64) == pattern(64, 9)
+        assert_bytes(peek(buf + (writes - 1) * stride, 64), pattern(64, 9))
     finally:
         mr.close()
         munmap(buf, writes * stride)
@@ -312,12 +312,12 @@ def test_pages_written_through_odp_survive_reclaim(pd, loopback, local):
             e.IBV_WC_SUCCESS
         madvise(control, page, MADV_PAGEOUT)
         madvise(buf, LEN, MADV_PAGEOUT)
-        assert peek(control, page) == bytes(page), \
-            "a clean lazily freeable page survived MADV_PAGEOUT: reclaim did not run"
+        assert_bytes(peek(control, page), bytes(page),
+                     "a clean lazily freeable page survived MADV_PAGEOUT: reclaim did not run")
         got = peek(buf, LEN)
-        assert got == pattern(LEN, 41), \
-            f"{sum(1 for i in range(0, LEN, page) if got[i:i + page] == bytes(page))} of " \
-            f"{LEN // page} written pages came back as zeros"
+        zeros = sum(1 for i in range(0, LEN, page) if got[i:i + page] == bytes(page))
+        assert_bytes(got, pattern(LEN, 41), f"{zeros} of {LEN // page} written pages came back "
+                     "as zeros; the written buffer")
     finally:
         os.sched_setaffinity(0, cpus)
         mr.close()

@@ -9,7 +9,8 @@ tree=$(cat "$OUT/.tree" 2>/dev/null || "$TOP/scripts/materialise.sh")
 [ -f "$OUT/series/0000-cover-letter.patch" ] || "$TOP/scripts/export-series.sh"
 for p in "$OUT"/series/0*.patch; do
 	case $p in *0000-cover-letter.patch) continue ;; esac
-	if ! out=$("$tree/scripts/checkpatch.pl" --strict --quiet --no-signoff --ignore FILE_PATH_CHANGES \
+	# Debian's python3 (with python3-ply) for spdxcheck.py, not one earlier on PATH.
+	if ! out=$(PATH=/usr/bin:$PATH "$tree/scripts/checkpatch.pl" --strict --quiet --no-signoff --ignore FILE_PATH_CHANGES \
 		--root="$tree" "$p" 2>&1); then
 		printf '%s\n%s\n' "checkpatch: $(basename "$p")" "$out" >&2
 		rc=1
