@@ -284,6 +284,14 @@ static long memwatch_add(struct memwatch_ctx *ctx, void __user *uarg)
 	if (err)
 		goto out_erase;
 	xa_store(&ctx->watches, id, w, GFP_KERNEL_ACCOUNT);
+	/*
+	 * An invalidation of the mm that is running now never calls the new
+	 * watch: its insertion waits for that invalidation to end. Wait for
+	 * the end too, so that what the caller registers after ADD returns
+	 * is of the mapping the invalidation left, not of pages it is about
+	 * to free. Our invalidate callback takes no ctx->lock.
+	 */
+	mmu_interval_read_begin(&w->notifier);
 
 	spin_lock(&ctx->qlock);
 	arg.generation = READ_ONCE(*gen);
