@@ -38,7 +38,7 @@ enum phase { POPULATED, ZAP_START, ZAP_DONE, CHECKED, STOP };
 struct zapper {
 	char *buf;
 	long page;
-	_Atomic int phase;
+	atomic_int phase;
 };
 
 static void wait_phase(struct zapper *z, int want)
@@ -133,7 +133,7 @@ TEST(add_racing_a_zap)
 			break;
 	}
 	pthread_join(thread, NULL);
-	TH_LOG("%d rounds: the page was still mapped after ADD in %d, %d of them with an unchanged word",
+	TH_LOG("%d rounds: page mapped after ADD in %d, word unchanged in %d",
 	       rounds + 1, caught, stale);
 	EXPECT_EQ(0, stale);
 	munmap(z.buf, ZAP_PAGES * page);
