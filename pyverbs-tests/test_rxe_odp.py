@@ -20,9 +20,9 @@ from pyverbs.mr import MR
 from pyverbs.srq import SRQ, SrqAttr, SrqInitAttr
 from pyverbs.wr import SGE, RecvWR, SendWR
 
-from conftest import (MADV_NOHUGEPAGE, MAP_ANONYMOUS, MAP_HUGETLB, MAP_PRIVATE, PROT_RW,
-                      LoopbackQP, assert_bytes, hw_counter, libc, madvise, madvise_dontneed,
-                      mmap_anon, munmap)
+from conftest import (MADV_NOHUGEPAGE, MAP_ANONYMOUS, MAP_FAILED, MAP_HUGETLB, MAP_PRIVATE,
+                      PROT_RW, LoopbackQP, assert_bytes, hw_counter, libc, madvise,
+                      madvise_dontneed, mmap_anon, munmap)
 
 LEN = 64 * 1024
 HUGE = 2 << 20
@@ -415,7 +415,7 @@ def test_fault_past_a_files_end_is_a_remote_access_error(ctx, pd, local):
     try:
         os.ftruncate(fd, 4096)
         buf = libc.mmap(None, LEN, PROT_RW, MAP_SHARED, fd, 0)
-        assert buf not in (None, ctypes.c_void_p(-1).value)
+        assert buf not in (None, MAP_FAILED)
         mr = MR(pd, LEN, ODP, address=buf)
         try:
             rnr0 = hw_counter("rcvd_rnr_err")
@@ -448,7 +448,7 @@ def mem_free_kib():
 def unmapped_space(length):
     """An address range with nothing mapped in it (reserved, then released)."""
     addr = libc.mmap(None, length, 0, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
-    assert addr not in (None, ctypes.c_void_p(-1).value)
+    assert addr not in (None, MAP_FAILED)
     munmap(addr, length)
     return (addr + CHILD - 1) & ~(CHILD - 1)
 

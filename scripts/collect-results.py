@@ -307,7 +307,7 @@ def main():
         print(f"skips: {unexpected} not on {listed} (failed above)" if unexpected
               else f"skips: every skip is on {listed}")
         for n in stale:
-            print(f"  no longer skips (remove it from {Path(args.expected_skips).name}): {n}")
+            print(f"  no longer skips (remove it from {listed}): {n}")
 
     total = {k: sum(s[k] for s in results["suites"].values()) for k in ("passed", "failed", "skipped")}
     results.update(total)
