@@ -41,12 +41,19 @@
 #define MEMWATCH_MAX_SLOTS	BIT(22)
 /* Records handed to user space per copy in read(). */
 #define MEMWATCH_READ_BATCH	64
-/* Default of /proc/sys/user/max_memwatch_watches: 1M per process, 4 of them. */
-#define MEMWATCH_USER_WATCHES	BIT(22)
+/*
+ * Defaults of /proc/sys/user/max_memwatch_{watches,descriptors}: a pinned
+ * registration cache needs one watch per cached registration (tens of
+ * thousands in MPI runs); 1M watches is ~140 MiB of kernel memory, charged
+ * to the memory cgroup. Descriptors bound the event rings: 128 of the
+ * largest (MEMWATCH_QUEUE_MAX records, 2.5 MiB) is 320 MiB at most.
+ */
+#define MEMWATCH_USER_WATCHES	BIT(20)
+#define MEMWATCH_USER_DESCRIPTORS 128
 
 struct memwatch_ctx {
 	struct mm_struct *mm;		/* watched mm, held with mmgrab() */
-	struct ucounts *ucounts;	/* per-user watch limit */
+	struct ucounts *ucounts;	/* per-user limits; holds one descriptor */
 	struct mutex lock;
 	spinlock_t qlock;		/* ring, stats, words; notifier-safe */
 	struct xarray watches;		/* id -> struct memwatch_watch */
@@ -58,23 +65,19 @@ struct memwatch_ctx {
 	u64 qtail;			/* next record to write */
 	wait_queue_head_t wqh;
 	struct memwatch_stats stats;	/* under qlock; watches, queue_* filled on read */
-	/*
-	 * Per descriptor, not shared: a watch finds its context through its
-	 * notifier's ops pointer, so it needs no back-pointer of its own.
-	 */
-	struct mmu_interval_notifier_ops ops;
 };
 
 /*
  * 112 bytes: with the id map (~9 bytes a watch) a watch costs less than 128
- * bytes plus its generation word. Context and word are found, not stored.
+ * bytes plus its generation word, which is found, not stored.
  */
 struct memwatch_watch {
 	struct mmu_interval_notifier notifier;
+	struct memwatch_ctx *ctx;
 	u64 cookie;
-	u64 queued;			/* 1 + ring position of its unread record, or 0 */
-	u32 id;
-	u32 mask;
+	u32 queued;			/* 1 + ring index of its last record, or 0 */
+	u32 id : 24;			/* < MEMWATCH_MAX_SLOTS */
+	u32 mask : 8;			/* MEMWATCH_* reasons */
 };
 
 static struct kmem_cache *memwatch_watch_cache;
@@ -103,14 +106,32 @@ static u32 memwatch_reason(enum mmu_notifier_event event)
 	return MEMWATCH_CLEAR;
 }
 
-/* Change a generation word. */
-static void memwatch_bump(u64 *gen)
+/*
+ * The part of a __u64 counter of the state area (a generation word, seq)
+ * that the kernel changes: all of it on 64-bit kernels; the low-order 32
+ * bits on 32-bit ones, which cannot store 64 bits at once (the upper half
+ * stays 0). Either way user space reads it with one load, never torn.
+ */
+static unsigned long *memwatch_word(u64 *counter)
 {
-	/*
-	 * Pairs with the acquire load of the user-space validity check: a
-	 * thread that sees the new word also sees what preceded the change.
-	 */
-	smp_store_release(gen, READ_ONCE(*gen) + 1);
+	unsigned long *word = (unsigned long *)counter;
+
+#ifdef __BIG_ENDIAN
+	word += sizeof(u64) / sizeof(long) - 1;
+#endif
+	return word;
+}
+
+/*
+ * Count a change. The release store pairs with the acquire load of the
+ * reader: a thread that sees the new value also sees what preceded it.
+ */
+static void memwatch_bump(u64 *counter)
+{
+	unsigned long *word = memwatch_word(counter);
+
+	/* Release: pairs with the reader's acquire load of this word. */
+	smp_store_release(word, READ_ONCE(*word) + 1);
 }
 
 /*
@@ -125,6 +146,11 @@ static u64 *memwatch_gen(struct memwatch_ctx *ctx, u32 id)
 	return (u64 *)page_address(page) + id % MEMWATCH_SLOTS_PER_PAGE;
 }
 
+static u64 memwatch_read_gen(u64 *gen)
+{
+	return READ_ONCE(*memwatch_word(gen));
+}
+
 /* The ring slot of queue position @pos (div_u64_rem: 32-bit arches too). */
 static struct memwatch_event *memwatch_ring(struct memwatch_ctx *ctx, u64 pos)
 {
@@ -134,15 +160,34 @@ static struct memwatch_event *memwatch_ring(struct memwatch_ctx *ctx, u64 pos)
 	return &ctx->ring[index];
 }
 
+/*
+ * @w's record that user space has not read yet, or NULL. w->queued names a
+ * ring slot, not a position: the slot still holds w's record if it lies
+ * between head and tail and carries w's id (a watch has at most one unread
+ * record, and a slot is reused only for a later record).
+ */
+static struct memwatch_event *memwatch_unread(struct memwatch_ctx *ctx,
+					      struct memwatch_watch *w)
+{
+	u32 slot = w->queued - 1, head;
+
+	if (!w->queued || slot >= ctx->qsize)
+		return NULL;	/* none, or queued before a resize */
+	div_u64_rem(ctx->qhead, ctx->qsize, &head);
+	if ((slot + ctx->qsize - head) % ctx->qsize >= ctx->qtail - ctx->qhead)
+		return NULL;
+	return ctx->ring[slot].id == w->id ? &ctx->ring[slot] : NULL;
+}
+
 /* Queue a record for @w, or merge into its unread one. Under qlock. */
 static void memwatch_queue_event(struct memwatch_ctx *ctx,
 				 struct memwatch_watch *w, u64 start, u64 end,
 				 u32 reasons)
 {
-	struct memwatch_event *ev;
+	struct memwatch_event *ev = memwatch_unread(ctx, w);
+	u32 slot;
 
-	if (w->queued && w->queued - 1 >= ctx->qhead) {
-		ev = memwatch_ring(ctx, w->queued - 1);
+	if (ev) {
 		ev->start = min(ev->start, start);
 		ev->end = max(ev->end, end);
 		ev->reasons |= reasons;
@@ -153,11 +198,13 @@ static void memwatch_queue_event(struct memwatch_ctx *ctx,
 	if (ctx->qtail - ctx->qhead >= ctx->qsize) {
 		/* Never block the unmapping thread: drop, flag, count. */
 		ctx->stats.events_dropped++;
-		WRITE_ONCE(ctx->hdr->overflow, 1);
 		WRITE_ONCE(ctx->hdr->overflow_count, ctx->stats.events_dropped);
+		/* After the word, as seq: see memwatch_invalidate(). */
+		smp_store_release(&ctx->hdr->overflow, 1);
 		return;
 	}
-	ev = memwatch_ring(ctx, ctx->qtail);
+	div_u64_rem(ctx->qtail, ctx->qsize, &slot);
+	ev = &ctx->ring[slot];
 	*ev = (struct memwatch_event) {
 		.cookie = w->cookie,
 		.start = start,
@@ -165,7 +212,8 @@ static void memwatch_queue_event(struct memwatch_ctx *ctx,
 		.id = w->id,
 		.reasons = reasons,
 	};
-	w->queued = ++ctx->qtail;
+	w->queued = slot + 1;
+	ctx->qtail++;
 	ctx->stats.events_queued++;
 }
 
@@ -175,8 +223,7 @@ static bool memwatch_invalidate(struct mmu_interval_notifier *mni,
 {
 	struct memwatch_watch *w = container_of(mni, struct memwatch_watch,
 						notifier);
-	struct memwatch_ctx *ctx = container_of(mni->ops, struct memwatch_ctx,
-						ops);
+	struct memwatch_ctx *ctx = w->ctx;
 	u32 reason = memwatch_reason(range->event);
 	u64 start = max(range->start, mni->interval_tree.start);
 	u64 end = min(range->end, mni->interval_tree.last + 1);
@@ -186,8 +233,21 @@ static bool memwatch_invalidate(struct mmu_interval_notifier *mni,
 	ctx->stats.invalidations++;
 	if (change) {
 		ctx->stats.changes++;
+		/*
+		 * The word first, then seq (and overflow), each a release
+		 * store. A reader that loads seq with acquire and then the
+		 * words cannot see the new seq with the old word:
+		 *
+		 *   here                        reader
+		 *   store_release(word, g + 1)  s = load_acquire(seq)
+		 *   store_release(seq, s0 + 1)  w = load(word)
+		 *
+		 * s == s0 + 1 implies w == g + 1, so a reader that finds seq
+		 * unchanged may skip its rescan and one that finds it changed
+		 * sees every word that made it change.
+		 */
 		memwatch_bump(memwatch_gen(ctx, w->id));
-		WRITE_ONCE(ctx->hdr->seq, ctx->hdr->seq + 1);
+		memwatch_bump(&ctx->hdr->seq);
 		memwatch_queue_event(ctx, w, start, end, reason);
 	}
 	spin_unlock(&ctx->qlock);
@@ -198,6 +258,11 @@ static bool memwatch_invalidate(struct mmu_interval_notifier *mni,
 
 static void memwatch_destroy(struct memwatch_ctx *ctx,
 			     struct memwatch_watch *w);
+
+/* Shared by every watch; a watch finds its descriptor through w->ctx. */
+static const struct mmu_interval_notifier_ops memwatch_notifier_ops = {
+	.invalidate = memwatch_invalidate,
+};
 
 /* The page of generation words holding @id, allocated on first use. */
 static u64 *memwatch_slot(struct memwatch_ctx *ctx, u32 id)
@@ -263,6 +328,7 @@ static long memwatch_add(struct memwatch_ctx *ctx, void __user *uarg)
 		err = -ENOMEM;
 		goto out_ucount;
 	}
+	w->ctx = ctx;
 	w->cookie = arg.cookie;
 	w->mask = arg.mask ?: MEMWATCH_DEFAULT_MASK;
 
@@ -280,7 +346,7 @@ static long memwatch_add(struct memwatch_ctx *ctx, void __user *uarg)
 		goto out_erase;
 	}
 	err = mmu_interval_notifier_insert(&w->notifier, ctx->mm, arg.addr,
-					   arg.len, &ctx->ops);
+					   arg.len, &memwatch_notifier_ops);
 	if (err)
 		goto out_erase;
 	xa_store(&ctx->watches, id, w, GFP_KERNEL_ACCOUNT);
@@ -294,7 +360,7 @@ static long memwatch_add(struct memwatch_ctx *ctx, void __user *uarg)
 	mmu_interval_read_begin(&w->notifier);
 
 	spin_lock(&ctx->qlock);
-	arg.generation = READ_ONCE(*gen);
+	arg.generation = memwatch_read_gen(gen);
 	ctx->stats.watches++;
 	WRITE_ONCE(ctx->hdr->active_watches, ctx->stats.watches);
 	spin_unlock(&ctx->qlock);
@@ -428,7 +494,8 @@ static long memwatch_ioctl(struct file *file, unsigned int cmd,
 		return memwatch_set_queue(ctx, uarg);
 	case MEMWATCH_IOC_CLEAR_OVERFLOW:
 		spin_lock(&ctx->qlock);
-		WRITE_ONCE(ctx->hdr->overflow, 0);
+		/* Release, as every store of overflow: see memwatch_invalidate(). */
+		smp_store_release(&ctx->hdr->overflow, 0);
 		spin_unlock(&ctx->qlock);
 		return 0;
 	}
@@ -477,9 +544,21 @@ static ssize_t memwatch_read(struct file *file, char __user *buf,
 	spin_unlock(&ctx->qlock);
 	mutex_unlock(&ctx->lock);
 
-	ret = n * sizeof(*batch);
-	if (copy_to_user(buf, batch, ret))
-		ret = -EFAULT;
+	/*
+	 * Records that cannot be copied out are gone from the queue: count
+	 * them and raise overflow, so that user space rescans its words.
+	 */
+	i = (n * sizeof(*batch) - copy_to_user(buf, batch, n * sizeof(*batch))) /
+	    sizeof(*batch);
+	if (i < n) {
+		spin_lock(&ctx->qlock);
+		ctx->stats.events_read -= n - i;
+		ctx->stats.events_lost += n - i;
+		/* Release, as every store of overflow: see memwatch_invalidate(). */
+		smp_store_release(&ctx->hdr->overflow, 1);
+		spin_unlock(&ctx->qlock);
+	}
+	ret = i ? i * sizeof(*batch) : -EFAULT;
 out_free:
 	kfree(batch);
 	return ret;
@@ -539,15 +618,17 @@ static int memwatch_release(struct inode *inode, struct file *file)
 	unsigned long id;
 
 	mutex_lock(&ctx->lock);
-	xa_for_each(&ctx->watches, id, w)
+	xa_for_each(&ctx->watches, id, w) {
 		memwatch_destroy(ctx, w);
+		cond_resched();		/* there may be millions */
+	}
 	mutex_unlock(&ctx->lock);
 	xa_destroy(&ctx->watches);
 	xa_for_each(&ctx->pages, id, page)
 		__free_page(page);
 	xa_destroy(&ctx->pages);
 	kvfree(ctx->ring);
-	put_ucounts(ctx->ucounts);
+	dec_ucount(ctx->ucounts, UCOUNT_MEMWATCH_DESCRIPTORS);
 	mmdrop(ctx->mm);
 	kfree(ctx);
 	return 0;
@@ -571,6 +652,7 @@ static void memwatch_show_fdinfo(struct seq_file *m, struct file *file)
 	seq_printf(m, "memwatch-events-coalesced:\t%llu\n", st.events_coalesced);
 	seq_printf(m, "memwatch-events-read:\t%llu\n", st.events_read);
 	seq_printf(m, "memwatch-events-dropped:\t%llu\n", st.events_dropped);
+	seq_printf(m, "memwatch-events-lost:\t%llu\n", st.events_lost);
 	seq_printf(m, "memwatch-queue:\t%u/%u\n", st.queue_used, st.queue_size);
 	seq_printf(m, "memwatch-overflow:\t%u\n", READ_ONCE(ctx->hdr->overflow));
 }
@@ -592,6 +674,7 @@ static const struct file_operations memwatch_fops = {
 
 SYSCALL_DEFINE1(memwatch_create, unsigned int, flags)
 {
+	struct ucounts *ucounts;
 	struct memwatch_ctx *ctx;
 	struct page *hdr;
 	int fd, err = -ENOMEM;
@@ -602,14 +685,18 @@ SYSCALL_DEFINE1(memwatch_create, unsigned int, flags)
 		return -EINVAL;
 	if (!current->mm)
 		return -EINVAL;
+	/* As inotify's instances: the per-user limit gives EMFILE. */
+	ucounts = inc_ucount(current_ucounts()->ns, current_ucounts()->uid,
+			     UCOUNT_MEMWATCH_DESCRIPTORS);
+	if (!ucounts)
+		return -EMFILE;
 
 	ctx = kzalloc_obj(*ctx, GFP_KERNEL_ACCOUNT);
 	if (!ctx)
-		return -ENOMEM;
+		goto err_ucount;
 	mutex_init(&ctx->lock);
 	spin_lock_init(&ctx->qlock);
 	init_waitqueue_head(&ctx->wqh);
-	ctx->ops.invalidate = memwatch_invalidate;
 	xa_init_flags(&ctx->watches, XA_FLAGS_ALLOC | XA_FLAGS_ACCOUNT);
 	xa_init_flags(&ctx->pages, XA_FLAGS_ACCOUNT);
 	ctx->qsize = MEMWATCH_QUEUE_DEFAULT;
@@ -629,7 +716,7 @@ SYSCALL_DEFINE1(memwatch_create, unsigned int, flags)
 	ctx->hdr->header_size = sizeof(*ctx->hdr);
 	ctx->hdr->slots_offset = PAGE_SIZE;
 	ctx->hdr->max_slots = MEMWATCH_MAX_SLOTS;
-	ctx->ucounts = get_ucounts(current_ucounts());
+	ctx->ucounts = ucounts;
 	mmgrab(current->mm);
 	ctx->mm = current->mm;
 
@@ -638,7 +725,6 @@ SYSCALL_DEFINE1(memwatch_create, unsigned int, flags)
 	if (fd < 0) {
 		/* memwatch_release() has not run: undo by hand. */
 		mmdrop(ctx->mm);
-		put_ucounts(ctx->ucounts);
 		err = fd;
 		goto err_pages;
 	}
@@ -651,16 +737,23 @@ err_ring:
 	kvfree(ctx->ring);
 err_ctx:
 	kfree(ctx);
+err_ucount:
+	dec_ucount(ucounts, UCOUNT_MEMWATCH_DESCRIPTORS);
 	return err;
 }
 
 static int __init memwatch_init(void)
 {
 	BUILD_BUG_ON(sizeof(struct memwatch_watch) > 112);
+	/* Ids and masks fit the watch's bit fields. */
+	BUILD_BUG_ON((MEMWATCH_MAX_SLOTS - 1) >> 24);
+	BUILD_BUG_ON(MEMWATCH_ALL_REASONS >> 8);
 	BUILD_BUG_ON(sizeof(struct memwatch_event) != 40);
 	memwatch_watch_cache = KMEM_CACHE(memwatch_watch,
 					  SLAB_ACCOUNT | SLAB_PANIC);
 	init_user_ns.ucount_max[UCOUNT_MEMWATCH_WATCHES] = MEMWATCH_USER_WATCHES;
+	init_user_ns.ucount_max[UCOUNT_MEMWATCH_DESCRIPTORS] =
+		MEMWATCH_USER_DESCRIPTORS;
 	return 0;
 }
 fs_initcall(memwatch_init);

@@ -124,6 +124,16 @@ TEST_F(bad, call)
 	EXPECT_EQ(variant->watches_left, after.watches);
 	EXPECT_EQ(variant->watches_left, self->s.hdr->active_watches);
 	EXPECT_EQ(before.queue_size, after.queue_size);
+	/*
+	 * The call failed, so it delivered no record: none counts as read. A
+	 * record it took from the queue counts as lost, with overflow raised
+	 * so that user space rescans its words.
+	 */
+	EXPECT_EQ(before.events_read, after.events_read);
+	EXPECT_EQ(after.events_queued, after.events_read + after.events_lost +
+					       after.queue_used);
+	if (after.events_lost)
+		EXPECT_EQ(1, self->s.hdr->overflow);
 
 	/* And the descriptor still works. */
 	a = add_arg(&self->s);

@@ -594,7 +594,7 @@ TEST(per_user_limit)
 	ASSERT_LE(0, sysctl) TH_LOG("%s: %s", path, strerror(errno));
 	n = read(sysctl, old, sizeof(old) - 1);
 	ASSERT_LT(0, n);
-	EXPECT_LE(1L << 20, atol(old));
+	EXPECT_EQ(1L << 20, atol(old));	/* the default */
 	/* Allow exactly two watches for this user (none is held elsewhere). */
 	snprintf(limit, sizeof(limit), "2\n");
 	ASSERT_LT(0, pwrite(sysctl, limit, strlen(limit), 0));
@@ -609,6 +609,133 @@ TEST(per_user_limit)
 	close(sysctl);
 	close(fd);
 	munmap(buf, 4 * page);
+}
+
+/*
+ * The per-user descriptor limit, /proc/sys/user/max_memwatch_descriptors,
+ * gives EMFILE, as inotify's instance limit does; closing one makes room.
+ */
+TEST(per_user_descriptor_limit)
+{
+	const char *path = "/proc/sys/user/max_memwatch_descriptors";
+	char old[32] = "", limit[32];
+	int fds[8], n = 0, sysctl, i;
+	ssize_t len;
+
+	sysctl = open(path, O_RDWR);
+	ASSERT_LE(0, sysctl) TH_LOG("%s: %s", path, strerror(errno));
+	len = read(sysctl, old, sizeof(old) - 1);
+	ASSERT_LT(0, len);
+	EXPECT_EQ(128, atol(old));
+	/* Room for two more than this user holds now (none, in a test run). */
+	snprintf(limit, sizeof(limit), "2\n");
+	ASSERT_LT(0, pwrite(sysctl, limit, strlen(limit), 0));
+	while (n < 8 && (fds[n] = memwatch_create(MEMWATCH_CLOEXEC)) >= 0)
+		n++;
+	EXPECT_EQ(2, n);
+	EXPECT_EQ(EMFILE, errno);
+	if (n) {
+		close(fds[--n]);
+		fds[n] = memwatch_create(MEMWATCH_CLOEXEC);
+		EXPECT_LE(0, fds[n]);
+		if (fds[n] >= 0)
+			n++;
+	}
+	for (i = 0; i < n; i++)
+		close(fds[i]);
+	ASSERT_LT(0, pwrite(sysctl, old, strlen(old), 0));
+	close(sysctl);
+}
+
+/*
+ * The watches live as long as the descriptor's file, not its number: the
+ * file is released (and the watches removed, their count given back to the
+ * user) by the last of close() of every descriptor for it, fork()'s and
+ * dup()'s copies included, and munmap() of the state area. The per-user
+ * limit, set to one watch, shows whether the watch is still held.
+ */
+static bool watch_held(int probe, char *addr, long page)
+{
+	struct memwatch_add w;
+
+	if (add_watch(probe, addr, page, 0, 0, &w) == 0) {
+		remove_watch(probe, w.id);
+		return false;
+	}
+	return errno == ENOSPC;
+}
+
+TEST(lifetime_is_the_files)
+{
+	const char *path = "/proc/sys/user/max_memwatch_watches";
+	long page = sysconf(_SC_PAGESIZE);
+	char *buf = map_pages(page, 2), old[32] = "";
+	int probe = memwatch_create(0), sysctl, fd, dupfd, status, sync[2];
+	struct memwatch_add w;
+	const __u64 *slots;
+	void *area;
+	pid_t pid;
+	ssize_t n;
+
+	ASSERT_NE(NULL, buf);
+	ASSERT_LE(0, probe);
+	sysctl = open(path, O_RDWR);
+	ASSERT_LE(0, sysctl);
+	n = read(sysctl, old, sizeof(old) - 1);
+	ASSERT_LT(0, n);
+	ASSERT_LT(0, pwrite(sysctl, "1\n", 2, 0));
+
+	/* close() with the state area still mapped: the watch stays, and works. */
+	fd = memwatch_create(0);
+	ASSERT_LE(0, fd);
+	ASSERT_EQ(0, add_watch(fd, buf, page, 1, 0, &w));
+	area = mmap(NULL, 2 * page, PROT_READ, MAP_SHARED, fd, 0);
+	ASSERT_NE(MAP_FAILED, area);
+	slots = (const __u64 *)((char *)area + page);
+	close(fd);
+	EXPECT_TRUE(watch_held(probe, buf + page, page));
+	EXPECT_TRUE(still_valid(slots, &w));
+	buf[0] = 1;
+	ASSERT_EQ(0, madvise(buf, page, MADV_DONTNEED));
+	EXPECT_FALSE(still_valid(slots, &w));
+	munmap(area, 2 * page);
+	EXPECT_FALSE(watch_held(probe, buf + page, page));
+
+	/* A dup()'ed descriptor keeps the file. */
+	fd = memwatch_create(0);
+	ASSERT_LE(0, fd);
+	ASSERT_EQ(0, add_watch(fd, buf, page, 2, 0, &w));
+	dupfd = dup(fd);
+	ASSERT_LE(0, dupfd);
+	close(fd);
+	EXPECT_TRUE(watch_held(probe, buf + page, page));
+	close(dupfd);
+	EXPECT_FALSE(watch_held(probe, buf + page, page));
+
+	/* So does a fork() child's copy, though it may not use it (EPERM). */
+	fd = memwatch_create(0);
+	ASSERT_LE(0, fd);
+	ASSERT_EQ(0, add_watch(fd, buf, page, 3, 0, &w));
+	ASSERT_EQ(0, pipe(sync));
+	pid = fork();
+	ASSERT_LE(0, pid);
+	if (!pid) {
+		char c;
+
+		close(sync[1]);
+		_exit(read(sync[0], &c, 1) == 0 ? 0 : 1);
+	}
+	close(sync[0]);
+	close(fd);
+	EXPECT_TRUE(watch_held(probe, buf + page, page));
+	close(sync[1]);		/* the child exits, its copy closed */
+	ASSERT_EQ(pid, waitpid(pid, &status, 0));
+	EXPECT_FALSE(watch_held(probe, buf + page, page));
+
+	ASSERT_LT(0, pwrite(sysctl, old, strlen(old), 0));
+	close(sysctl);
+	close(probe);
+	munmap(buf, 2 * page);
 }
 
 static int send_fd(int sock, int fd)

@@ -31,6 +31,9 @@
 /*
  * Reasons, one bit each: a watch's event mask selects which reasons bump its
  * generation word and queue an event; an event carries the reasons it merges.
+ * The contract is the default mask's: the word changes whenever the pages
+ * backing the range may have changed. Reasons are hints whose causes may
+ * widen from one kernel to the next (see memwatch.rst).
  */
 #define MEMWATCH_UNMAP		(1U << 0) /* munmap, mremap, MAP_FIXED, shmdt, brk */
 #define MEMWATCH_CLEAR		(1U << 1) /* pages zapped or replaced (madvise, truncate) */
@@ -91,7 +94,8 @@ struct memwatch_stats {
 	__u64 events_dropped;	/* lost to a full queue */
 	__u32 queue_size;	/* capacity of the event queue, in records */
 	__u32 queue_used;
-	__u64 reserved[4];
+	__u64 events_lost;	/* taken by a read() that could not copy them out */
+	__u64 reserved[3];
 };
 
 /* MEMWATCH_IOC_SET_QUEUE: resize the event queue (empty queue only). */
@@ -101,12 +105,15 @@ struct memwatch_queue {
 };
 
 #define MEMWATCH_QUEUE_DEFAULT	4096
-#define MEMWATCH_QUEUE_MAX	(1U << 20)
+#define MEMWATCH_QUEUE_MAX	(1U << 16)
 
 /*
  * The mmap()ed state area, read-only: this header, then at slots_offset one
  * __u64 generation word per watch id. A watch is valid while its word equals
- * the generation returned by MEMWATCH_IOC_ADD.
+ * the generation returned by MEMWATCH_IOC_ADD. Load the word (and seq,
+ * overflow) with acquire semantics; the kernel stores the word before seq
+ * and overflow, with release semantics. A 32-bit kernel changes only the low
+ * 32 bits of a word or of seq: the upper half stays 0.
  */
 struct memwatch_header {
 	__u32 abi_version;	/* MEMWATCH_ABI_VERSION */
@@ -121,7 +128,7 @@ struct memwatch_header {
 	__u64 reserved[2];
 };
 
-#define MEMWATCH_IOC_MAGIC	0xB6
+#define MEMWATCH_IOC_MAGIC	0xB9
 #define MEMWATCH_IOC_ADD	_IOWR(MEMWATCH_IOC_MAGIC, 0, struct memwatch_add)
 #define MEMWATCH_IOC_REMOVE	_IOW(MEMWATCH_IOC_MAGIC, 1, struct memwatch_remove)
 #define MEMWATCH_IOC_STATS	_IOR(MEMWATCH_IOC_MAGIC, 2, struct memwatch_stats)
