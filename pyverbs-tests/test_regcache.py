@@ -21,7 +21,7 @@ BINARY = "/out/guest/bin/regcache-test"
 CASES = ["reuse-pinned", "reuse-explicit-odp", "reuse-implicit-odp",
          "ways-to-free-pinned", "ways-to-free-explicit-odp", "ways-to-free-implicit-odp",
          "threads-pinned", "threads-explicit-odp", "threads-implicit-odp",
-         "limits", "implicit-max-bytes", "events", "bad-input"]
+         "limits", "implicit-max-bytes", "events", "bad-input", "no-memwatch"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -27,6 +27,7 @@ BENCHES = OrderedDict(
         ("memwatch", "memwatch against a userfaultfd monitor and an interposed munmap hook"),
         ("odp", "On-Demand Paging against pinned memory (rxe), and perftest"),
         ("cache", "The registration cache, beside UCX's ucs_rcache and libfabric's MR cache"),
+        ("wire", "perftest between two kernels on a wire (two guests, rxe on each)"),
     ]
 )
 UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
@@ -229,7 +230,8 @@ def main():
         "",
         f"Measured on commit `{commit}`{dirty} ({git('log', '-1', '--format=%s')}), "
         f"{datetime.date.today().isoformat()}, kernel `{kernel}` in QEMU (TCG, 2 vCPUs), "
-        f"one guest boot; every benchmark ran with `{args}`.",
+        f"one guest boot (`wire`: two more, one vCPU each, joined by a private wire); every "
+        f"benchmark ran with `{args}`.",
         "",
         "## How to read this report",
         "",

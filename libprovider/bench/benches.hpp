@@ -23,5 +23,8 @@ int memwatch_bench(const Options &o);
 int odp_bench(const Options &o);
 // The registration cache's policies: hits, misses, reuse, MPI-like workload.
 int cache_bench(const Options &o);
+// perftest across the two-guest wire: node 0 measures against @peer, node 1
+// serves (@serve) the same schedule of runs.
+int wire_bench(const Options &o, const std::string &peer, bool serve);
 
 } // namespace odpwatch::bench

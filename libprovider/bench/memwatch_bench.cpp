@@ -15,6 +15,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -521,6 +522,67 @@ void bench_delivery(Report &rep, const Options &o)
 
 } // namespace
 
+// The first watch of a process registers the mm's mmu notifier, which takes
+// mm_take_all_locks(): every file mapping's i_mmap_rwsem and every anon_vma
+// lock, under a global mutex. What that one-time cost is, against a second
+// watch, in a process with @n file mappings (one page of its own memfd
+// each, so no two share a lock or merge). Each repetition is a new process.
+void bench_first_watch(Report &rep, const Options &o)
+{
+	const std::string g = "first watch of a process: registers the mm's notifier";
+	for (size_t n : o.quick ? std::vector<size_t>{16, 1000, 8000}
+				: std::vector<size_t>{16, 1000, 4000, 16000}) {
+		std::vector<double> first, second;
+		for (unsigned r = 0; r < o.reps; r++) {
+			int fd[2];
+			if (pipe(fd))
+				throw verbs::Error("pipe", errno);
+			pid_t pid = fork();
+			if (pid < 0)
+				throw verbs::Error("fork", errno);
+			if (pid == 0) {
+				close(fd[0]);
+				int64_t t[2] = {-1, -1};
+				for (size_t i = 0; i < n; i++) {
+					int m = memfd_create("first-watch", MFD_CLOEXEC);
+					if (m < 0 || ftruncate(m, page) ||
+					    mmap(nullptr, page, PROT_READ, MAP_SHARED, m, 0) ==
+						    MAP_FAILED)
+						_exit(1);
+					close(m);
+				}
+				try {
+					Memwatch mw(16);
+					void *a = map_page();
+					int64_t t0 = now_ns();
+					mw.add(a, page, 0);
+					int64_t t1 = now_ns();
+					mw.add(a, page, 1);
+					t[0] = t1 - t0;
+					t[1] = now_ns() - t1;
+				} catch (...) {
+				}
+				_exit(write(fd[1], t, sizeof(t)) == sizeof(t) && t[0] >= 0 ? 0 : 2);
+			}
+			close(fd[1]);
+			int64_t t[2] = {-1, -1};
+			ssize_t got = read(fd[0], t, sizeof(t));
+			close(fd[0]);
+			int st = 0;
+			waitpid(pid, &st, 0);
+			if (got != sizeof(t) || !WIFEXITED(st) || WEXITSTATUS(st))
+				throw verbs::Error("first-watch child failed", EIO);
+			first.push_back(double(t[0]));
+			second.push_back(double(t[1]));
+		}
+		const std::string w = std::to_string(n) + " file mappings";
+		rep.add({g, w, "second ADD", spread_of(second), "second ADD/" + w,
+			 "an interval tree insert"});
+		rep.add({g, w, "first ADD", spread_of(first), "second ADD/" + w,
+			 "mmu_notifier_register(): mm_take_all_locks()"});
+	}
+}
+
 int memwatch_bench(const Options &o)
 {
 	Report rep("memwatch against a userfaultfd monitor and an interposed hook");
@@ -529,7 +591,8 @@ int memwatch_bench(const Options &o)
 		      {"add + remove", [&] { bench_add_remove(rep, o); }},
 		      {"munmap elsewhere", [&] { bench_unwatched_munmap(rep, o); }},
 		      {"munmap of a watched page", [&] { bench_watched_munmap(rep, o); }},
-		      {"event delivery", [&] { bench_delivery(rep, o); }}});
+		      {"event delivery", [&] { bench_delivery(rep, o); }},
+		      {"first watch", [&] { bench_first_watch(rep, o); }}});
 	rep.finish(o.csv);
 	return 0;
 }

@@ -4,12 +4,11 @@
 // (with and without the responder's fault-around) and in steady state; a
 // faulting QP beside a quiet one; perftest's own tools with and without --odp.
 #include "benches.hpp"
+#include "perftest.hpp"
 #include "report.hpp"
-#include "spawn.hpp"
 #include "verbs.hpp"
 
 #include <sys/mman.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <atomic>
@@ -251,57 +250,6 @@ void bench_isolation(Report &rep, const Options &o, ibv_context *ctx, ibv_pd *pd
 		 std::to_string(faulting_mib.load()) + " MiB faulted in meanwhile"});
 }
 
-// One perftest run between two processes on the device: the average
-// bandwidth (perftest's MB/sec) from the client's result line, or 0 when
-// perftest's calibration of the CPU clock failed (it then says "Correlation
-// coefficient r^2: ... < 0.9" and reports 0 MB/sec: the run measured nothing).
-double perftest_once(const std::string &tool, const std::vector<std::string> &args)
-{
-	std::vector<std::string> argv = {tool};
-	argv.insert(argv.end(), args.begin(), args.end());
-	int sfd = -1, cfd = -1;
-	pid_t server = spawn(argv, &sfd, true);
-	// The server needs a moment to listen; perftest's client does not retry.
-	std::this_thread::sleep_for(std::chrono::seconds(1));
-	argv.push_back("127.0.0.1");
-	pid_t client = spawn(argv, &cfd, true);
-	std::string out = read_all(cfd);
-	int cst = 0, sst = 0;
-	waitpid(client, &cst, 0);
-	std::string sout = read_all(sfd);
-	waitpid(server, &sst, 0);
-	// The result line follows the "#bytes" header: bytes, iterations, peak
-	// and average bandwidth, message rate.
-	size_t at = out.find("#bytes");
-	if (at != std::string::npos)
-		at = out.find('\n', at);
-	unsigned long bytes = 0, iters = 0;
-	double peak = 0, avg = 0;
-	bool parsed =
-		WIFEXITED(cst) && !WEXITSTATUS(cst) && at != std::string::npos &&
-		std::sscanf(out.c_str() + at, "%lu %lu %lf %lf", &bytes, &iters, &peak, &avg) == 4;
-	if (parsed && avg == 0 && out.find("Correlation coefficient") != std::string::npos)
-		return 0;
-	if (!parsed || avg <= 0)
-		throw verbs::Error(tool + " failed; its output:\n" + out + sout, EIO);
-	return avg;
-}
-
-// perftest_once(), run again (up to 3 tries in all) while the clock
-// calibration fails, as it may on a busy TCG machine; counts the reruns.
-double perftest_calibrated(const std::string &tool, const std::vector<std::string> &args,
-			   unsigned &reruns)
-{
-	for (unsigned tries = 1;; tries++) {
-		double avg = perftest_once(tool, args);
-		if (avg > 0)
-			return avg;
-		if (tries == 3)
-			throw verbs::Error(tool + ": clock calibration failed 3 times", EIO);
-		reruns++;
-	}
-}
-
 // perftest's own tools beside our bench: the same device, pinned against
 // --odp, each run in two processes as users run it.
 void bench_perftest(Report &rep, const Options &o, ibv_context *ctx)
@@ -321,7 +269,8 @@ void bench_perftest(Report &rep, const Options &o, ibv_context *ctx)
 			std::vector<double> samples;
 			unsigned reruns = 0;
 			for (unsigned r = 0; r < o.reps; r++)
-				samples.push_back(1e9 / perftest_calibrated(tool, args, reruns));
+				samples.push_back(1e9 /
+						  perftest_bw_calibrated(tool, args, "", reruns));
 			std::string note = "ns per MB (1e9 / perftest's average MB/sec); first "
 					   "touch included";
 			if (reruns)

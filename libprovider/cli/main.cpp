@@ -17,20 +17,24 @@ using namespace odpwatch;
 
 void usage(FILE *f)
 {
-	std::fprintf(f, "usage: odpwatch [-d DEVICE] COMMAND\n"
-			"commands:\n"
-			"  caps   the device's On-Demand Paging capabilities\n"
-			"  memwatch-stats\n"
-			"         every process's memwatch descriptors and their counters\n"
-			"  mr-counters\n"
-			"         ODP counters of the device's MRs (page faults, invalidations)\n"
-			"  demo   the registration-cache problem, shown with RDMA traffic\n"
-			"  bench memwatch [--quick] [--reps N] [--csv FILE] [--no-uffd]\n"
-			"         memwatch against a userfaultfd monitor and a munmap hook\n"
-			"  bench odp [--quick] [--reps N] [--csv FILE]\n"
-			"         ODP against pinned memory: registration, bandwidth\n"
-			"  bench cache [--quick] [--reps N] [--csv FILE]\n"
-			"         the registration cache's policies: hits, misses, reuse\n");
+	std::fprintf(
+		f,
+		"usage: odpwatch [-d DEVICE] COMMAND\n"
+		"commands:\n"
+		"  caps   the device's On-Demand Paging capabilities\n"
+		"  memwatch-stats\n"
+		"         every process's memwatch descriptors and their counters\n"
+		"  mr-counters\n"
+		"         ODP counters of the device's MRs (page faults, invalidations)\n"
+		"  demo   the registration-cache problem, shown with RDMA traffic\n"
+		"  bench memwatch [--quick] [--reps N] [--csv FILE] [--no-uffd]\n"
+		"         memwatch against a userfaultfd monitor and a munmap hook\n"
+		"  bench odp [--quick] [--reps N] [--csv FILE]\n"
+		"         ODP against pinned memory: registration, bandwidth\n"
+		"  bench cache [--quick] [--reps N] [--csv FILE]\n"
+		"         the registration cache's policies: hits, misses, reuse\n"
+		"  bench wire --peer ADDR | --serve [--quick] [--reps N] [--csv FILE]\n"
+		"         perftest across the cluster's wire (node 0: --peer, node 1: --serve)\n");
 }
 
 int caps(const cli::Options &opt)
@@ -43,24 +47,29 @@ int caps(const cli::Options &opt)
 	return 0;
 }
 
-// odpwatch bench memwatch|odp|cache [--quick] [--reps N] [--csv FILE] [--no-uffd]
+// odpwatch bench memwatch|odp|cache|wire [--quick] [--reps N] [--csv FILE]
+//	[--no-uffd] [--peer ADDR | --serve]
 int run_bench(const cli::Options &opt, int argc, char **argv)
 {
 	std::string_view what = argc >= 1 ? argv[0] : "";
-	if (what != "memwatch" && what != "odp" && what != "cache") {
+	if (what != "memwatch" && what != "odp" && what != "cache" && what != "wire") {
 		std::fprintf(stderr,
-			     "odpwatch bench: say what to measure: memwatch, odp or cache\n");
+			     "odpwatch bench: say what to measure: memwatch, odp, cache or wire\n");
 		return 2;
 	}
-	bool quick = false, uffd = true;
+	bool quick = false, uffd = true, serve = false;
 	unsigned reps = 0;
-	std::string csv;
+	std::string csv, peer;
 	for (int i = 1; i < argc; i++) {
 		std::string_view a = argv[i];
 		if (a == "--quick") {
 			quick = true;
 		} else if (a == "--no-uffd" && what == "memwatch") {
 			uffd = false;
+		} else if (a == "--serve" && what == "wire") {
+			serve = true;
+		} else if (a == "--peer" && what == "wire" && i + 1 < argc) {
+			peer = argv[++i];
 		} else if (a == "--reps" && i + 1 < argc && std::atoi(argv[i + 1]) > 0) {
 			reps = static_cast<unsigned>(std::atoi(argv[++i]));
 		} else if (a == "--csv" && i + 1 < argc) {
@@ -74,6 +83,14 @@ int run_bench(const cli::Options &opt, int argc, char **argv)
 	if (!reps)
 		reps = quick ? 3 : 5;
 	const bench::Options o{opt.device, quick, uffd, reps, csv};
+	if (what == "wire") {
+		if (serve == !peer.empty()) {
+			std::fprintf(stderr, "odpwatch bench wire: give --peer ADDR (node 0) or "
+					     "--serve (node 1)\n");
+			return 2;
+		}
+		return bench::wire_bench(o, peer, serve);
+	}
 	if (what == "odp")
 		return bench::odp_bench(o);
 	if (what == "cache")

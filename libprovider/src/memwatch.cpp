@@ -11,23 +11,41 @@
 #include <algorithm>
 #include <cerrno>
 
-#ifndef __NR_memwatch_create
-#define __NR_memwatch_create 473
+// The number comes from the odpwatch kernel's installed uAPI headers (read
+// by CMake: the C library's own kernel headers come first and may predate
+// it), never from a literal here.
+#ifdef __NR_memwatch_create
+static_assert(__NR_memwatch_create == ODPWATCH_NR_MEMWATCH_CREATE,
+	      "the C library and the odpwatch kernel headers disagree");
 #endif
 
 namespace odpwatch
 {
 
+bool Memwatch::supported()
+{
+	// The kernel publishes this limit exactly when it has memwatch. Without
+	// /proc/sys (a container) the system call has to tell.
+	if (access("/proc/sys/user", F_OK) == 0)
+		return access("/proc/sys/user/max_memwatch_watches", F_OK) == 0;
+	int fd = create_fd(MEMWATCH_CLOEXEC);
+	if (fd >= 0)
+		close(fd);
+	return fd >= 0 || errno != ENOSYS;
+}
+
 int Memwatch::create_fd(unsigned flags)
 {
-	return static_cast<int>(syscall(__NR_memwatch_create, flags));
+	return static_cast<int>(syscall(ODPWATCH_NR_MEMWATCH_CREATE, flags));
 }
 
 Memwatch::Memwatch(size_t max_watches, unsigned flags)
 {
+	if (!supported())
+		throw verbs::Error("memwatch: this kernel has none", EOPNOTSUPP);
 	fd_ = create_fd(flags | MEMWATCH_CLOEXEC | MEMWATCH_NONBLOCK);
-	if (fd_ < 0)
-		throw verbs::Error("memwatch_create", errno);
+	if (fd_ < 0) // ENOSYS: a number the kernel does not know (seccomp)
+		throw verbs::Error("memwatch_create", errno == ENOSYS ? EOPNOTSUPP : errno);
 	const size_t page = sysconf(_SC_PAGESIZE);
 	// The header says where the words start and how many there can be.
 	void *first = mmap(nullptr, page, PROT_READ, MAP_SHARED, fd_, 0);

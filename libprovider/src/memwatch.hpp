@@ -21,8 +21,11 @@ public:
 
 	// Maps the state area for up to max_watches ids (0: all the kernel
 	// allows; address space only, the kernel backs the words in use);
-	// throws verbs::Error (ENOSYS when the kernel has no memwatch).
+	// throws verbs::Error (EOPNOTSUPP when the kernel has no memwatch).
 	explicit Memwatch(size_t max_watches = 0, unsigned flags = 0);
+	// Whether the kernel has memwatch (it publishes
+	// /proc/sys/user/max_memwatch_watches then).
+	static bool supported();
 	// The bare system call: a descriptor, or -1 with errno.
 	static int create_fd(unsigned flags);
 	Memwatch(const Memwatch &) = delete;
