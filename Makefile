@@ -4,7 +4,7 @@
 DEBUG ?= 0
 VARIANT := $(if $(filter 1 yes y,$(DEBUG)),debug,std)
 
-.PHONY: help demo check check-debug bench stress vm kernel rootfs guest series check-series lint clean
+.PHONY: help demo check check-debug bench stress vm cluster kernel rootfs guest series check-series lint clean
 
 help:
 	@echo "make demo            build, boot the odpwatch kernel, run the narrated demonstration"
@@ -13,6 +13,9 @@ help:
 	@echo "make bench           run every benchmark, write out/bench/report.md with plots (QUICK=1: minutes)"
 	@echo "make stress          the long model-based stress run (SECONDS=600, SEED=n; debug kernel)"
 	@echo "make vm CMD='...'    run a command in the booted guest (repo at /odpwatch)"
+	@echo "make cluster CMD_A='...' CMD_B='...'"
+	@echo "                     two guests on a private wire, CMD_A on node 0, CMD_B on node 1"
+	@echo "                     (ODPWATCH_NODE, ODPWATCH_SELF, ODPWATCH_PEER say who is where)"
 	@echo "make series          export the kernel change as a patch series (out/series)"
 	@echo "make check-series    apply the exported series to a fresh base and build it"
 	@echo "make lint            checkpatch --strict and clang-format on our code"
@@ -44,6 +47,11 @@ bench:
 vm: export ODPWATCH_CMD = $(value CMD)
 vm:
 	scripts/run.sh vm $(VARIANT)
+
+cluster: export ODPWATCH_CMD_A = $(value CMD_A)
+cluster: export ODPWATCH_CMD_B = $(value CMD_B)
+cluster:
+	scripts/run.sh cluster $(VARIANT)
 
 series:
 	scripts/export-series.sh

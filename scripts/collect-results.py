@@ -229,7 +229,20 @@ def compare_with_stock(ours, stock):
     return tests
 
 
-SUITES = ("selftests", "pyverbs-tests", "rdma-core", "rdma-core-vs-stock")
+SUITES = ("selftests", "pyverbs-tests", "rdma-core", "rdma-core-vs-stock", "cluster")
+
+
+def parse_cluster(d):
+    """The two-guest suite: node 0's pytest results, and node 1 (the agent)
+    must have finished with status 0 (it exits 1 if node 0 vanished)."""
+    tests = parse_junit(d / "node0" / "cluster.xml", d / "node0" / "cluster.status")
+    if tests is None:
+        return None
+    status = d / "node1" / "status"
+    st = status.read_text().strip() if status.exists() else "none"
+    if st != "0":
+        tests.append(failed("cluster: node1 (agent)", f"node 1 finished with status {st}"))
+    return tests
 
 
 def main():
@@ -247,12 +260,16 @@ def main():
     results = {"suites": {}}
     console = (d / "console.log").read_text(errors="replace").replace("\r", "") \
         if (d / "console.log").exists() else ""
+    # The cluster's two consoles are scanned for splats too.
+    for c in sorted(d.glob("cluster/node*/console.log")):
+        console += "\n" + c.read_text(errors="replace").replace("\r", "")
     m = re.search(r"odpwatch: kernel ([^\s,]+)", console)
     results["kernel"] = m[1] if m else None
 
     suites = {"selftests": parse_ktap(d / "selftests.ktap"),
               "pyverbs-tests": parse_junit(d / "pyverbs-tests.xml", d / "pyverbs-tests.status"),
-              "rdma-core": parse_modules(d, "rdma-core")}
+              "rdma-core": parse_modules(d, "rdma-core"),
+              "cluster": parse_cluster(d / "cluster")}
     stock = parse_modules(d, "rdma-core-stock")
     # A stock module that did not run is a failure of the comparison.
     suites["rdma-core-vs-stock"] = compare_with_stock(suites["rdma-core"] or [], stock or []) + \

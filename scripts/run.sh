@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole pipeline, stage by stage with durations:
-#   run.sh check|demo|vm|bench [debug]
+#   run.sh check|demo|vm|bench|cluster [debug]
 # host packages -> base kernel -> materialised tree -> kernel build -> guest
 # root filesystem -> guest userspace (chroot) -> boot the job -> results.
 . "$(dirname "$0")/lib.sh"
@@ -20,8 +20,8 @@ rm -f "$OUT/.over-budget"
 # in README: a stage over its budget says so loudly. The guest run's own
 # deadline (TIMEOUT) is the hard limit; these are the early warning.
 declare -A budget=([host]=300 [materialise]=240 [kernel-std]=900 [kernel-debug]=1000
-	[series]=300 [lint]=120 [rootfs]=300 [rdma-core]=360 [userspace]=300
-	[guest-check-std]=600 [guest-check-debug]=1200)
+	[series]=300 [lint]=120 [i386]=240 [rootfs]=300 [rdma-core]=360 [userspace]=300
+	[guest-check-std]=600 [guest-check-debug]=1200 [cluster]=600)
 budgeted() { STAGE_BUDGET=${budget[$1]:-} stage "${@:2}"; }
 
 # This run's results only: the job directory starts empty, so a file left
@@ -43,6 +43,8 @@ if [ "$job" = check ] && [ "$variant" = std ]; then
 	# The series a reviewer gets must apply, yield this tree, build and pass lint.
 	budgeted series "series check" "$TOP/scripts/check-series.sh" || rc=1
 	budgeted lint "lint" "$TOP/scripts/lint.sh" || rc=1
+	# memwatch must build on 32-bit architectures too (i386 tinyconfig).
+	budgeted i386 "i386 build" "$TOP/scripts/build-32bit.sh" "$tree" "$(dirname "$tree")/build-i386" || rc=1
 fi
 budgeted rootfs "guest root filesystem" "$TOP/scripts/make-rootfs.sh" >"$OUT/.rootfs-stock"
 stock=$(cat "$OUT/.rootfs-stock")
@@ -61,7 +63,7 @@ if [ "$job" = check ]; then
 	case $variant in
 	debug) suites="selftests pyverbs-tests"
 		pyverbs="test_harness.py test_rxe_odp.py test_fault_injection.py test_teardown.py test_stress.py test_limits.py" ;;
-	*) suites="selftests pyverbs-tests rdma-core rdma-core-vs-stock" pyverbs="" ;;
+	*) suites="selftests pyverbs-tests rdma-core rdma-core-vs-stock cluster" pyverbs="" ;;
 	esac
 	printf 'SUITES="%s"\nPYVERBS_TESTS="%s"\n' "$suites" "$pyverbs" >"$OUT/$dir/plan"
 fi
@@ -69,6 +71,13 @@ if [ "$job" = vm ]; then
 	cmd=${ODPWATCH_CMD:-${CMD:-}}
 	[ -n "$cmd" ] || die "vm needs a command: make vm CMD='...'"
 	printf '%s\n' "$cmd" >"$OUT/$dir/cmd.sh"
+fi
+if [ "$job" = cluster ]; then
+	[ -n "${ODPWATCH_CMD_A:-}" ] && [ -n "${ODPWATCH_CMD_B:-}" ] ||
+		die "cluster needs a command per node: make cluster CMD_A='...' CMD_B='...'"
+	mkdir -p "$OUT/$dir/node0" "$OUT/$dir/node1"
+	printf '%s\n' "$ODPWATCH_CMD_A" >"$OUT/$dir/node0/cmd.sh"
+	printf '%s\n' "$ODPWATCH_CMD_B" >"$OUT/$dir/node1/cmd.sh"
 fi
 if [ "$job" = bench ]; then
 	args="--reps ${REPS:-5}"
@@ -78,8 +87,28 @@ if [ "$job" = bench ]; then
 	export TIMEOUT=${TIMEOUT:-7200}
 fi
 vmrc=0
-budgeted "guest-$job-$variant" "boot and run '$job' in the guest" "$TOP/scripts/run-vm.sh" "$job" "$dir" "$(cat "$OUT/.bzimage")" "$rootfs" "$stock" || vmrc=$?
+if [ "$job" = cluster ]; then
+	budgeted "cluster" "boot two guests on a wire, run a command on each" "$TOP/scripts/run-cluster.sh" "$dir" "$(cat "$OUT/.bzimage")" "$rootfs" || vmrc=$?
+else
+	budgeted "guest-$job-$variant" "boot and run '$job' in the guest" "$TOP/scripts/run-vm.sh" "$job" "$dir" "$(cat "$OUT/.bzimage")" "$rootfs" "$stock" || vmrc=$?
+fi
 [ $vmrc = 0 ] || rc=$vmrc
+if [ "$job" = check ] && [ "$variant" = std ]; then
+	# The cluster suite: node 0 runs the tests, node 1 the responder agent.
+	mkdir -p "$OUT/$dir/cluster/node0" "$OUT/$dir/cluster/node1"
+	echo "/odpwatch/scripts/guest/run-cluster-suite.sh /out/$dir/cluster/node0" >"$OUT/$dir/cluster/node0/cmd.sh"
+	echo "cd /odpwatch/cluster-tests && python3 agent.py" >"$OUT/$dir/cluster/node1/cmd.sh"
+	budgeted cluster "cluster suite: two guests on a wire" "$TOP/scripts/run-cluster.sh" "$dir/cluster" "$(cat "$OUT/.bzimage")" "$rootfs" || true
+fi
+if [ "$job" = bench ]; then
+	# perftest across the wire: node 0 measures, node 1 serves the same runs.
+	mkdir -p "$OUT/$dir/cluster/node0" "$OUT/$dir/cluster/node1"
+	b=/out/guest/bin/odpwatch
+	echo "$b bench wire --peer \$ODPWATCH_PEER $args --csv /out/$dir/wire.csv >/out/$dir/wire.md 2>/out/$dir/wire.log" \
+		>"$OUT/$dir/cluster/node0/cmd.sh"
+	echo "$b bench wire --serve $args 2>/out/$dir/wire-serve.log" >"$OUT/$dir/cluster/node1/cmd.sh"
+	budgeted cluster "bench: perftest across two guests on a wire" "$TOP/scripts/run-cluster.sh" "$dir/cluster" "$(cat "$OUT/.bzimage")" "$rootfs" || rc=1
+fi
 case $job in
 check)
 	stage "results" python3 "$TOP/scripts/collect-results.py" "$OUT/$dir" \
@@ -93,6 +122,10 @@ bench)
 	log "bench: report in $OUT/$dir/report.md"
 	;;
 vm) log "vm: output of the command:"; cat "$OUT/$dir/output" 2>/dev/null; log "vm: exit status $rc" ;;
+cluster)
+	for n in 0 1; do log "cluster: node$n's output:"; cat "$OUT/$dir/node$n/output" 2>/dev/null; done
+	log "cluster: exit status $rc"
+	;;
 esac
 log "total: $(($(date +%s) - t0))s"
 # The results' closing line stays last for check: print it again after the timings.

@@ -38,23 +38,35 @@ fi
 [ -d /stock ] && mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,ro stock /stock 2>/dev/null
 
 job=$(sed -n 's/.*odpwatch\.job=\([a-z-]*\).*/\1/p' /proc/cmdline)
-jobdir=/out/$(sed -n 's/.*odpwatch\.dir=\([a-z-]*\).*/\1/p' /proc/cmdline)
+jobdir=/out/$(sed -n 's/.*odpwatch\.dir=\([a-z0-9/-]*\).*/\1/p' /proc/cmdline)
+# A node of the two-guest cluster (run-cluster.sh): 0 or 1.
+node=$(sed -n 's/.*odpwatch\.node=\([01]\).*/\1/p' /proc/cmdline)
 mkdir -p "$jobdir"
-hostname odpwatch
+hostname "odpwatch${node:+-node$node}"
 
 # 2 MiB huge pages for the huge-page tests (hugetlbfs and IB_ACCESS_HUGETLB).
 echo "${ODPWATCH_HUGEPAGES:-64}" >/proc/sys/vm/nr_hugepages
 say "kernel $(uname -r), $(grep -c ^processor /proc/cpuinfo) cpus, $(awk '/MemTotal/ { print int($2 / 1024) }' /proc/meminfo) MiB, $(cat /proc/sys/vm/nr_hugepages) huge pages"
 
 # rxe on a dummy device; RDMA traffic never leaves the guest. The address is
-# from the documentation range (RFC 5737): nothing routes it anywhere.
+# from the documentation range (RFC 5737): nothing routes it anywhere. A
+# cluster node puts rxe on eth0 instead, the wire to the other node, with an
+# address of the same range that exists only on that wire.
 ip link set lo up
-# The dummy driver, built in, already made dummy0 (numdummies=1).
-ip link show dummy0 >/dev/null 2>&1 || ip link add dummy0 type dummy
-ip addr add 198.51.100.1/24 dev dummy0
-ip link set dummy0 up
-if rdma link add rxe0 type rxe netdev dummy0; then
-	say "rxe0 up on dummy0"
+netdev=dummy0
+if [ -n "$node" ]; then
+	netdev=eth0
+	ip link set eth0 mtu 9000 up
+	ip addr add "198.51.100.$((10 + node))/24" dev eth0
+	export ODPWATCH_NODE=$node ODPWATCH_SELF=198.51.100.$((10 + node)) ODPWATCH_PEER=198.51.100.$((11 - node))
+else
+	# The dummy driver, built in, already made dummy0 (numdummies=1).
+	ip link show dummy0 >/dev/null 2>&1 || ip link add dummy0 type dummy
+	ip addr add 198.51.100.1/24 dev dummy0
+	ip link set dummy0 up
+fi
+if rdma link add rxe0 type rxe netdev $netdev; then
+	say "rxe0 up on $netdev"
 else
 	say "rdma link add rxe0 failed"
 fi
@@ -64,6 +76,17 @@ case $job in
 check) /odpwatch/scripts/guest/run-suites.sh "$jobdir" || rc=$? ;;
 demo) /out/guest/bin/odpwatch demo >"$jobdir/output" 2>&1 || rc=$? ;;
 vm) (cd /odpwatch && sh "$jobdir/cmd.sh") >"$jobdir/output" 2>&1 || rc=$? ;;
+cluster)
+	# Both nodes boot at once; wait (up to 5 minutes) until the peer's
+	# kernel answers on the wire, so neither command starts alone.
+	if python3 /odpwatch/scripts/guest/wait-peer.py "$ODPWATCH_PEER" 300; then
+		say "node$node: peer $ODPWATCH_PEER answers"
+		(cd /odpwatch && sh "$jobdir/cmd.sh") >"$jobdir/output" 2>&1 || rc=$?
+	else
+		say "node$node: peer $ODPWATCH_PEER never answered"
+		rc=3
+	fi
+	;;
 bench) /odpwatch/scripts/guest/run-bench.sh "$jobdir" || rc=$? ;;
 *) say "unknown job '$job'"; rc=2 ;;
 esac

@@ -136,8 +136,19 @@ class Parsers(unittest.TestCase):
                                "test_harness.test_skip": "skipped"})
 
     def run_main(self, console, stock="test_a (tests.test_mr.M.test_a) ... ok\nRan 1 test in 0s\nOK\n",
-                 skips=None, suites=None, drop=None):
+                 skips=None, suites=None, drop=None, node_console="", agent_status="0\n"):
         d = Path(self.dir.name)
+        for n in (0, 1):
+            (d / f"cluster/node{n}").mkdir(parents=True, exist_ok=True)
+            self.write(f"cluster/node{n}/console.log", node_console if n else "")
+        self.write("cluster/node0/cluster.xml", '<testsuites><testsuite name="pytest">'
+                   '<testcase classname="test_cluster" name="test_write[odp]"/>'
+                   '</testsuite></testsuites>')
+        self.write("cluster/node0/cluster.status", "0\n")
+        if agent_status is None:
+            (d / "cluster/node1/status").unlink(missing_ok=True)
+        else:
+            self.write("cluster/node1/status", agent_status)
         self.write("selftests.ktap", "1..1\n# selftests: a: b\n# ok 1 t\nok 1 selftests: a: b\n")
         self.write("pyverbs-tests.xml", JUNIT.replace("<failure", "<skipped").replace("</failure>", "</skipped>"))
         self.write("pyverbs-tests.status", "0\n")
@@ -170,7 +181,7 @@ class Parsers(unittest.TestCase):
             rc, out, res = self.run_main("odpwatch: kernel k\n", skips=listed)
             self.assertEqual(rc, 1, out)
             self.assertEqual(res["unexpected_skips"], 1)
-            self.assertEqual((res["passed"], res["failed"], res["skipped"]), (4, 1, 1))
+            self.assertEqual((res["passed"], res["failed"], res["skipped"]), (5, 1, 1))
             self.assertIn("not on the expected-skips list", out)
 
     def test_main_clean_console_passes(self):
@@ -180,8 +191,8 @@ class Parsers(unittest.TestCase):
         rc, out, res = self.run_main(benign)
         self.assertEqual(rc, 0, out)
         self.assertEqual(res["kernel"], "7.3.4-odpwatch")
-        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (4, 0, 2))
-        self.assertEqual(out.splitlines()[-1], "4 passed, 0 failed, 2 skipped")
+        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (5, 0, 2))
+        self.assertEqual(out.splitlines()[-1], "5 passed, 0 failed, 2 skipped")
 
     def test_stock_comparison(self):
         # A test Debian's rdma-core passed must pass with ours; one it skipped
@@ -206,7 +217,8 @@ class Parsers(unittest.TestCase):
         self.assertIn("rdma-core-vs-stock: not run on this kernel variant", out)
 
     def test_a_wanted_suite_that_left_nothing_fails(self):
-        for f in ("selftests.ktap", "pyverbs-tests.xml", "pyverbs-tests.status", "rdma-core.test_mr.log"):
+        for f in ("selftests.ktap", "pyverbs-tests.xml", "pyverbs-tests.status", "rdma-core.test_mr.log",
+                  "cluster/node0/cluster.xml", "cluster/node0/cluster.status"):
             rc, out, res = self.run_main("odpwatch: kernel k\n", drop=f)
             self.assertEqual(rc, 1, f)
 
@@ -220,6 +232,18 @@ class Parsers(unittest.TestCase):
             rc, out, res = self.run_main("odpwatch: kernel k\n" + splat + "\n")
             self.assertEqual(rc, 1, splat)
             self.assertEqual(res["console_splats"], 1, splat)
+
+    def test_cluster_agent_and_node_consoles(self):
+        # Node 1's agent must finish cleanly: it exits 1 when node 0 vanished.
+        rc, out, res = self.run_main("odpwatch: kernel k\n", agent_status="1\n")
+        self.assertEqual(rc, 1, out)
+        self.assertIn("node 1 finished with status 1", out)
+        rc, out, res = self.run_main("odpwatch: kernel k\n", agent_status=None)
+        self.assertEqual(rc, 1, out)
+        # A splat on a node's console fails the run like one on the main guest's.
+        rc, out, res = self.run_main("odpwatch: kernel k\n", node_console="BUG: KASAN: x in y\n")
+        self.assertEqual(rc, 1, out)
+        self.assertEqual(res["console_splats"], 1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,197 @@
+# SPDX-License-Identifier: GPL-2.0
+"""RDMA between two kernels: node 0 (here) is the requester, node 1 (the
+agent) the responder, joined by the private wire with rxe on each side."""
+import ctypes
+import re
+import subprocess
+
+import pyverbs.enums as e
+import pytest
+
+import verbs
+from conftest import PEER
+from verbs import MODES, pattern
+
+LEN = 256 << 10
+PAGE = 4096
+
+
+def same(got, want, what):
+    """got == want, failing with the first difference (never pytest's diff)."""
+    if got != want:
+        at = next((i for i in range(min(len(got), len(want))) if got[i] != want[i]),
+                  min(len(got), len(want)))
+        raise AssertionError(f"{what}: first difference at offset {at} of {len(want)}: "
+                             f"{got[at:at + 8].hex()} != {want[at:at + 8].hex()}")
+
+
+def faults_seen(peer, mem, length):
+    """The responder's ODP counters show the faults of a first touch."""
+    row = peer.counters(mem["h"])
+    assert row is not None, "the ODP MR is not in mr-counters"
+    assert int(row["page_faults_handled"]) >= length // PAGE, row
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_write(mode, peer, qp, local_mem):
+    q, _ = qp
+    src, src_mr = local_mem(LEN)
+    ctypes.memmove(src, pattern(1, LEN), LEN)
+    dst = peer.mem(mode, LEN)
+    q.rdma(e.IBV_WR_RDMA_WRITE, src_mr, src, LEN, dst["rkey"], dst["addr"])
+    assert q.poll() == e.IBV_WC_SUCCESS
+    same(peer.read(dst["h"], 0, LEN), pattern(1, LEN), "bytes written on node 1")
+    if mode != "pinned":
+        faults_seen(peer, dst, LEN)
+    peer.close(dst["h"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_read(mode, peer, qp, local_mem):
+    q, _ = qp
+    dst, dst_mr = local_mem(LEN)
+    src = peer.mem(mode, LEN, 2)
+    q.rdma(e.IBV_WR_RDMA_READ, dst_mr, dst, LEN, src["rkey"], src["addr"])
+    assert q.poll() == e.IBV_WC_SUCCESS
+    same(ctypes.string_at(dst, LEN), pattern(2, LEN), "bytes read from node 1")
+    if mode != "pinned":
+        faults_seen(peer, src, LEN)
+    peer.close(src["h"])
+
+
+@pytest.mark.parametrize("mode", ["pinned", "odp"])
+def test_send(mode, peer, qp, local_mem):
+    """SEND into a receive buffer of node 1 (implicit MRs take no lkey use here)."""
+    q, rq = qp
+    src, src_mr = local_mem(LEN)
+    ctypes.memmove(src, pattern(3, LEN), LEN)
+    dst = peer.mem(mode, LEN)
+    peer.post_recv(rq, dst["h"], LEN)
+    q.send(src_mr, src, LEN)
+    assert q.poll() == e.IBV_WC_SUCCESS
+    assert peer.poll(rq) == e.IBV_WC_SUCCESS
+    same(peer.read(dst["h"], 0, LEN), pattern(3, LEN), "bytes sent to node 1")
+    peer.close(dst["h"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_atomic_fetch_add(mode, peer, qp, local_mem):
+    q, _ = qp
+    old, old_mr = local_mem(PAGE)
+    target = peer.mem(mode, PAGE, 4)
+    before = int.from_bytes(pattern(4, 8), "little")
+    q.fetch_add(old_mr, old, target["rkey"], target["addr"], 5)
+    assert q.poll() == e.IBV_WC_SUCCESS
+    assert int.from_bytes(ctypes.string_at(old, 8), "little") == before
+    after = int.from_bytes(peer.read(target["h"], 0, 8), "little")
+    assert after == (before + 5) % (1 << 64)
+    peer.close(target["h"])
+
+
+@pytest.mark.parametrize("kind", ["pinned", "odp", "pinned+memwatch"])
+def test_stale_registration(kind, peer, qp, local_mem):
+    """The founding scenario across the wire: node 1 registers a buffer, frees
+    it and gets the same range back with new contents; node 0 reads through
+    what node 1's cache hands out. A pinned MR still reaches the freed pages
+    (the old bytes arrive); ODP follows the new mapping; a pinned cache with
+    memwatch sees the change and re-registers (the new bytes arrive)."""
+    q, _ = qp
+    dst, dst_mr = local_mem(LEN)
+    mode = "odp" if kind == "odp" else "pinned"
+    buf = peer.mem(mode, LEN, 5)
+    if kind == "pinned+memwatch":
+        peer.watch(buf["h"])
+        assert peer.lookup(buf["h"]) == {"rkey": buf["rkey"], "reregistered": False}
+    peer.replace(buf["h"], 6)
+    rkey = buf["rkey"]
+    if kind == "pinned+memwatch":
+        answer = peer.lookup(buf["h"])
+        assert answer["reregistered"], "memwatch did not report the freed buffer"
+        rkey = answer["rkey"]
+    q.rdma(e.IBV_WR_RDMA_READ, dst_mr, dst, LEN, rkey, buf["addr"])
+    assert q.poll() == e.IBV_WC_SUCCESS
+    got = ctypes.string_at(dst, LEN)
+    if kind == "pinned":
+        same(got, pattern(5, LEN), "a pinned MR serves the freed pages")
+    else:
+        same(got, pattern(6, LEN), f"{kind}: the new buffer's bytes")
+    peer.close(buf["h"])
+
+
+def test_invalidation_while_streaming(peer, qp, local_mem):
+    """Node 1 zaps its ODP target again and again while node 0 streams
+    WRITEs into it: every WRITE completes, the last one's bytes are there."""
+    q, _ = qp
+    n = 64
+    src, src_mr = local_mem(LEN)
+    dst = peer.mem("odp", LEN)
+    peer.churn_start(dst["h"])
+    try:
+        for i in range(n):
+            ctypes.memmove(src, pattern(10 + i, LEN), LEN)
+            q.rdma(e.IBV_WR_RDMA_WRITE, src_mr, src, LEN, dst["rkey"], dst["addr"])
+            assert q.poll() == e.IBV_WC_SUCCESS, f"WRITE {i}"
+    finally:
+        zaps = peer.churn_stop(dst["h"])
+    assert zaps > 0
+    # madvise zaps may have emptied any page since: write once more, quiet.
+    q.rdma(e.IBV_WR_RDMA_WRITE, src_mr, src, LEN, dst["rkey"], dst["addr"])
+    assert q.poll() == e.IBV_WC_SUCCESS
+    same(peer.read(dst["h"], 0, LEN), pattern(10 + n - 1, LEN), "the last WRITE's bytes")
+    row = peer.counters(dst["h"])
+    assert int(row["page_invalidations"]) > 0, row
+    peer.close(dst["h"])
+
+
+def test_peer_qp_destroyed_mid_stream(peer, ctx, pd, local_mem):
+    """Node 1 destroys its QP: node 0's WRITE ends in a retry-exceeded error
+    (no hang, no crash on either kernel), and a new QP pair works. With
+    retry_cnt 6: rxe retries forever at 7 (see verbs.RemoteQP.connect)."""
+    q = verbs.RemoteQP(ctx, pd)
+    remote = peer.qp()
+    peer.connect(remote["h"], q.qpn, q.gid)
+    q.connect(remote["qpn"], remote["gid"], retry_cnt=6)
+    src, src_mr = local_mem(LEN)
+    dst = peer.mem("pinned", LEN)
+    peer.close(remote["h"])
+    q.rdma(e.IBV_WR_RDMA_WRITE, src_mr, src, LEN, dst["rkey"], dst["addr"])
+    assert q.poll(timeout=120) == e.IBV_WC_RETRY_EXC_ERR
+    q.qp.close()
+    fresh = verbs.RemoteQP(ctx, pd)
+    remote = peer.qp()
+    peer.connect(remote["h"], fresh.qpn, fresh.gid)
+    fresh.connect(remote["qpn"], remote["gid"])
+    ctypes.memmove(src, pattern(7, LEN), LEN)
+    fresh.rdma(e.IBV_WR_RDMA_WRITE, src_mr, src, LEN, dst["rkey"], dst["addr"])
+    assert fresh.poll() == e.IBV_WC_SUCCESS
+    same(peer.read(dst["h"], 0, LEN), pattern(7, LEN), "after a new connection")
+    peer.close(remote["h"])
+    fresh.qp.close()
+    peer.close(dst["h"])
+
+
+PERFTESTS = [("ib_write_bw", "-s 65536 -n 200"), ("ib_read_bw", "-s 65536 -n 200"),
+             ("ib_send_bw", "-s 65536 -n 200"), ("ib_write_lat", "-s 8 -n 200")]
+
+
+@pytest.mark.parametrize("odp", [False, True], ids=["pinned", "odp"])
+@pytest.mark.parametrize("tool,args", PERFTESTS, ids=[t for t, _ in PERFTESTS])
+def test_perftest(tool, args, odp, peer):
+    """perftest across the wire: the server on node 1, the client here."""
+    gid = verbs.roce_v2_ipv4_gid_index()[0]
+    common = [tool, "-d", verbs.RDMA_DEV, "-F", *args.split()] + (["--odp"] if odp else [])
+    server = peer.spawn(common + ["-x", str(peer.gid_index())])
+    client = None
+    for _ in range(30):  # until the server listens
+        client = subprocess.run(common + ["-x", str(gid), PEER], capture_output=True, text=True,
+                                timeout=600)
+        if "Couldn't connect" not in client.stdout + client.stderr:
+            break
+        subprocess.run(["sleep", "1"])
+    served = peer.wait(server)
+    assert client.returncode == 0, client.stdout + client.stderr
+    assert served["rc"] == 0, served["out"]
+    # The result line: bytes, iterations, then numbers; one must be non-zero.
+    rows = [line.split() for line in client.stdout.splitlines()
+            if re.match(r"^\s*\d+\s+\d+\s+[\d.]+", line)]
+    assert rows and float(rows[-1][2]) > 0, client.stdout
