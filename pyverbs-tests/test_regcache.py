@@ -8,6 +8,7 @@ import ctypes
 import errno
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -129,3 +130,31 @@ def test_default_cache_exposes_only_the_buffer(ctx, pd):
         land_mr.close()
         for p in (buf, secret, land):
             munmap(p, LEN)
+
+
+LIBRARY = "/out/guest/lib/libodpwatch.so.0"
+
+
+def test_library_exports_only_its_versioned_c_abi():
+    """nm -D: every symbol libodpwatch defines for others is an odpwatch_*
+    function of version node ODPWATCH_0.1 (and the node itself); none of the
+    C++ inside (odpwatch::verbs, odpwatch::Memwatch, templates) leaks."""
+    r = subprocess.run(["nm", "-D", "--defined-only", "--with-symbol-versions", LIBRARY],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    syms = [line.split()[-1] for line in r.stdout.splitlines() if line.strip()]
+    stray = [s for s in syms
+             if not re.fullmatch(r"odpwatch_\w+@@ODPWATCH_0\.1|ODPWATCH_0\.1", s)]
+    assert not stray, f"{len(stray)} symbols beyond the C ABI, e.g. {stray[:5]}"
+    for name in ("odpwatch_cache_create", "odpwatch_cache_get", "odpwatch_cache_put",
+                 "odpwatch_query_odp_caps", "odpwatch_version"):
+        assert f"{name}@@ODPWATCH_0.1" in syms, r.stdout
+
+
+def test_version_is_the_builds():
+    """odpwatch_version() says the project's version from CMake."""
+    cmake = pathlib.Path("/odpwatch/libprovider/CMakeLists.txt").read_text()
+    want = re.search(r"project\(odpwatch VERSION ([\d.]+)", cmake)[1]
+    lib = ctypes.CDLL(LIBRARY)
+    lib.odpwatch_version.restype = ctypes.c_char_p
+    assert lib.odpwatch_version().decode() == want

@@ -26,6 +26,6 @@ int odpwatch_query_odp_caps(struct ibv_context *ctx, struct odpwatch_odp_caps *c
 
 const char *odpwatch_version(void)
 {
-	return "0.1.0";
+	return ODPWATCH_VERSION; // the project's version, from the build
 }
 }

@@ -449,6 +449,8 @@ template <class F> int guarded(F &&f)
 		return -e.err();
 	} catch (const std::bad_alloc &) {
 		return -ENOMEM;
+	} catch (...) { // a std::system_error of a lock or a thread, say
+		return -EIO;
 	}
 }
 
@@ -481,10 +483,12 @@ int odpwatch_cache_destroy(struct odpwatch_cache *cache)
 {
 	if (!cache)
 		return -EINVAL;
-	if (cache->cache.in_use())
-		return -EBUSY;
-	delete cache;
-	return 0;
+	return guarded([&] {
+		if (cache->cache.in_use())
+			return -EBUSY;
+		delete cache;
+		return 0;
+	});
 }
 
 int odpwatch_cache_get(struct odpwatch_cache *cache, struct ibv_pd *pd, void *addr, size_t len,
@@ -510,7 +514,11 @@ int odpwatch_cache_put(struct odpwatch_cache *cache, struct odpwatch_cache_reg *
 struct ibv_mr *odpwatch_cache_reg_mr(const struct odpwatch_cache_reg *reg)
 {
 	auto *e = reinterpret_cast<const RegCache::Entry *>(reg);
-	return RegCache::is_entry(e) ? RegCache::mr(e) : nullptr;
+	try {
+		return RegCache::is_entry(e) ? RegCache::mr(e) : nullptr;
+	} catch (...) {
+		return nullptr;
+	}
 }
 
 int odpwatch_cache_policy_of(struct odpwatch_cache *cache, struct ibv_pd *pd)
@@ -534,16 +542,20 @@ int odpwatch_cache_flush(struct odpwatch_cache *cache)
 {
 	if (!cache)
 		return -EINVAL;
-	cache->cache.flush();
-	return 0;
+	return guarded([&] {
+		cache->cache.flush();
+		return 0;
+	});
 }
 
 int odpwatch_cache_event_fd(struct odpwatch_cache *cache)
 {
 	if (!cache)
 		return -EINVAL;
-	int fd = cache->cache.event_fd();
-	return fd < 0 ? -ENOENT : fd;
+	return guarded([&] {
+		int fd = cache->cache.event_fd();
+		return fd < 0 ? -ENOENT : fd;
+	});
 }
 
 int odpwatch_cache_process_events(struct odpwatch_cache *cache)
