@@ -5,6 +5,7 @@ wire that makes memory, MRs and QPs when the tests on node 0 ask, and tells
 them what it sees (bytes, completions, ODP counters). It serves one client
 and exits when that client says so (status 0) or goes away (status 1)."""
 import ctypes
+import json
 import multiprocessing.connection as mpc
 import subprocess
 import sys
@@ -132,6 +133,25 @@ class Agent:
             out, _ = p.communicate()
             return {"rc": None, "out": out}
         return {"rc": p.returncode, "out": out}
+
+    # A process that holds a QP and is killed
+    def victim_start(self):
+        p = subprocess.Popen([sys.executable, "victim.py"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+        info = json.loads(p.stdout.readline())
+        info["h"] = self._keep(p)
+        return info
+
+    def victim_connect(self, h, qpn, gid):
+        p = self.objs[h]
+        p.stdin.write(json.dumps({"qpn": qpn, "gid": gid}) + "\n")
+        p.stdin.flush()
+        return json.loads(p.stdout.readline())
+
+    def victim_kill(self, h):
+        p = self.objs.pop(h)
+        p.kill()
+        return p.wait(timeout=60)
 
     def gid_index(self):
         return verbs.roce_v2_ipv4_gid_index()[0]

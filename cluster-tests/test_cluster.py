@@ -170,6 +170,24 @@ def test_peer_qp_destroyed_mid_stream(peer, ctx, pd, local_mem):
     peer.close(dst["h"])
 
 
+def test_peer_process_killed_mid_stream(peer, ctx, pd, local_mem):
+    """A process on node 1 that holds the QP node 0 writes to is killed
+    (SIGKILL): node 0's next WRITE ends in a retry-exceeded error, not a
+    hang, and both kernels carry on (the consoles are checked for splats)."""
+    victim = peer.victim_start()
+    q = verbs.RemoteQP(ctx, pd)
+    q.connect(victim["qpn"], victim["gid"], retry_cnt=6)
+    assert peer.victim_connect(victim["h"], q.qpn, q.gid) == "ready"
+    src, src_mr = local_mem(LEN)
+    ctypes.memmove(src, pattern(8, LEN), LEN)
+    q.rdma(e.IBV_WR_RDMA_WRITE, src_mr, src, LEN, victim["rkey"], victim["addr"])
+    assert q.poll() == e.IBV_WC_SUCCESS, "the victim's QP works before the kill"
+    assert peer.victim_kill(victim["h"]) == -9
+    q.rdma(e.IBV_WR_RDMA_WRITE, src_mr, src, LEN, victim["rkey"], victim["addr"])
+    assert q.poll(timeout=120) == e.IBV_WC_RETRY_EXC_ERR
+    q.qp.close()
+
+
 PERFTESTS = [("ib_write_bw", "-s 65536 -n 200"), ("ib_read_bw", "-s 65536 -n 200"),
              ("ib_send_bw", "-s 65536 -n 200"), ("ib_write_lat", "-s 8 -n 200")]
 
