@@ -433,6 +433,36 @@ def test_fault_past_a_files_end_is_a_remote_access_error(ctx, pd, local):
         os.close(fd)
 
 
+def test_two_qps_faulting_past_a_files_end_both_get_the_error(ctx, pd, local):
+    """The same as above from two QPs at once, on one MR at two addresses:
+    the bound of MAX_TRANSIENT RNR answers holds for each QP. (With one
+    retry state per MR, the two addresses took turns in it, each reset the
+    other's count, and both WRITEs were answered RNR forever.)"""
+    pairs = [LoopbackQP.pair(ctx, pd) for _ in range(2)]  # both ends kept alive
+    qps = [requester for requester, _ in pairs]
+    fd = os.memfd_create("odp-past-eof-2")
+    buf = None
+    try:
+        os.ftruncate(fd, 4096)
+        buf = libc.mmap(None, LEN, PROT_RW, MAP_SHARED, fd, 0)
+        assert buf not in (None, MAP_FAILED)
+        mr = MR(pd, LEN, ODP, address=buf)
+        try:
+            for i, q in enumerate(qps):
+                wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1,
+                            sg=[SGE(local.buf + i * 4096, 4096, local.lkey)])
+                wr.set_wr_rdma(mr.rkey, buf + 8192 + i * 16384)
+                q.qp.post_send(wr)
+            statuses = [q.wait(timeout=120) for q in qps]
+            assert statuses == [e.IBV_WC_REM_ACCESS_ERR] * 2, statuses
+        finally:
+            mr.close()
+    finally:
+        if buf:
+            munmap(buf, LEN)
+        os.close(fd)
+
+
 # ibv_advise_mr's advice and flag values (uapi ib_user_ioctl_verbs.h).
 PREFETCH, PREFETCH_WRITE, PREFETCH_NO_FAULT = 0, 1, 2
 ADVISE_FLUSH = 1

@@ -72,14 +72,10 @@ struct rxe_odp_mr {
 	atomic_t faults;
 	bool dying;
 
-	/* Responder faults: queued work, and the last range that failed. */
+	/* Responder faults queued; their retry state is the QP's. */
 	spinlock_t fault_lock;
 	unsigned int faults_queued;
-	u64 rnr_va;			/* the last access answered RNR */
 	unsigned long churn;		/* jiffies of the last page dropped */
-	u64 failed_start, failed_end;
-	u64 transient_va;		/* the last address of a transient failure */
-	unsigned int transient_tries;	/* its failures in a row */
 };
 
 /* Faults, prefetches and reaping run here, apart from the QPs' tasks. */

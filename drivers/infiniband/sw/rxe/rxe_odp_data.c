@@ -557,6 +557,25 @@ static bool rxe_odp_vma_allows(struct rxe_mr *mr, u64 va, u64 len, bool write)
 }
 
 /*
+ * @qp's responder fault state, about @mr: reset when the QP's accesses
+ * move to another MR. Under qp->state_lock.
+ */
+static struct rxe_odp_resp *rxe_odp_resp_state(struct rxe_qp *qp,
+					       struct rxe_mr *mr)
+{
+	struct rxe_odp_resp *st = &qp->resp.odp;
+
+	if (st->mr_index != mr->elem.index) {
+		*st = (struct rxe_odp_resp) {
+			.mr_index = mr->elem.index,
+			.rnr_va = U64_MAX,
+			.transient_va = U64_MAX,
+		};
+	}
+	return st;
+}
+
+/*
  * A responder fault at @va failed with @err. It is transient, and worth
  * another RNR round, if a new try may succeed: the address is still mapped
  * for the access and the fault ran out of memory (hmm_range_fault() says
@@ -566,42 +585,45 @@ static bool rxe_odp_vma_allows(struct rxe_mr *mr, u64 va, u64 len, bool write)
  * end) still ends in the remote access error that an unmapped address gets
  * at once.
  */
-static bool rxe_odp_fault_transient(struct rxe_mr *mr, u64 va, u64 len,
-				    bool write, int err)
+static bool rxe_odp_fault_transient(struct rxe_qp *qp, struct rxe_mr *mr,
+				    u64 va, u64 len, bool write, int err)
 {
-	struct rxe_odp_mr *odp = mr->odp;
+	struct rxe_odp_resp *st;
+	unsigned long flags;
 	bool transient;
 
 	if (err != -ENOMEM && err != -EFAULT && err != -EBUSY && err != -EAGAIN)
 		return false;
 	if (!rxe_odp_vma_allows(mr, va, len, write))
 		return false;
-	spin_lock(&odp->fault_lock);
-	if (odp->transient_va != va) {
-		odp->transient_va = va;
-		odp->transient_tries = 0;
+	spin_lock_irqsave(&qp->state_lock, flags);
+	st = rxe_odp_resp_state(qp, mr);
+	if (st->transient_va != va) {
+		st->transient_va = va;
+		st->transient_tries = 0;
 	}
-	transient = ++odp->transient_tries <= RXE_ODP_MAX_TRANSIENT;
-	spin_unlock(&odp->fault_lock);
+	transient = ++st->transient_tries <= RXE_ODP_MAX_TRANSIENT;
+	spin_unlock_irqrestore(&qp->state_lock, flags);
 	return transient;
 }
 
 /* A responder fault at @va succeeded: its run of transient failures ends. */
-static void rxe_odp_fault_done(struct rxe_mr *mr, u64 va)
+static void rxe_odp_fault_done(struct rxe_qp *qp, struct rxe_mr *mr, u64 va)
 {
-	struct rxe_odp_mr *odp = mr->odp;
+	struct rxe_odp_resp *st;
+	unsigned long flags;
 
-	if (READ_ONCE(odp->transient_va) != va)
-		return;
-	spin_lock(&odp->fault_lock);
-	if (odp->transient_va == va)
-		odp->transient_va = U64_MAX;
-	spin_unlock(&odp->fault_lock);
+	spin_lock_irqsave(&qp->state_lock, flags);
+	st = rxe_odp_resp_state(qp, mr);
+	if (st->transient_va == va)
+		st->transient_va = U64_MAX;
+	spin_unlock_irqrestore(&qp->state_lock, flags);
 }
 
 struct rxe_odp_fault_work {
 	struct work_struct work;
 	struct rxe_mr *mr;
+	u32 qp_index;		/* the QP answered RNR, looked up when done */
 	u64 iova;
 	u32 len;
 	bool write;
@@ -609,10 +631,12 @@ struct rxe_odp_fault_work {
 
 /*
  * A responder fault, off the QP's task: the access itself, then best effort
- * the fault-around window. A permanent failure is remembered so that the
- * retried access faults in place and reports it (remote access error)
- * rather than being answered RNR forever; after a transient one the retry
- * faults in place and may be answered RNR again.
+ * the fault-around window. A permanent failure is remembered, in the QP
+ * that asked, so that its retried access faults in place and reports it
+ * (remote access error) rather than being answered RNR forever; after a
+ * transient one the retry faults in place and may be answered RNR again.
+ * The work holds the MR, not the QP: a QP destroyed meanwhile is not found
+ * and there is nothing to tell it.
  */
 static void rxe_odp_fault_work(struct work_struct *w)
 {
@@ -623,13 +647,18 @@ static void rxe_odp_fault_work(struct work_struct *w)
 	u64 window = (u64)READ_ONCE(odp_fault_around_kb) * SZ_1K;
 	u64 around = window - min_t(u64, work->len, window);
 	u64 va = rxe_odp_va(mr, work->iova);
-	bool failed = false;
+	struct rxe_odp_resp *st;
+	struct rxe_qp *qp;
+	unsigned long flags;
 	int err;
 
 	err = rxe_odp_map_range(mr, work->iova, work->len, work->write, true,
 				RXE_ODP_PAGE_FAULTS_HANDLED);
+	qp = rxe_pool_get_index(&to_rdev(mr->ibmr.device)->qp_pool,
+				work->qp_index);
 	if (!err) {
-		rxe_odp_fault_done(mr, va);
+		if (qp)
+			rxe_odp_fault_done(qp, mr, va);
 		/* Within the MR and the mapping: a hole would fail it all. */
 		around = min(around, rxe_odp_mapped_after(mr, va + work->len));
 		if (!rxe_odp_is_implicit(mr))
@@ -637,15 +666,17 @@ static void rxe_odp_fault_work(struct work_struct *w)
 				     (work->iova + work->len));
 		rxe_odp_map_range(mr, work->iova + work->len, around,
 				  work->write, true, RXE_ODP_PAGE_FAULTS_HANDLED);
-	} else {
-		failed = !rxe_odp_fault_transient(mr, va, work->len,
-						  work->write, err);
+	} else if (qp && !rxe_odp_fault_transient(qp, mr, va, work->len,
+						  work->write, err)) {
+		spin_lock_irqsave(&qp->state_lock, flags);
+		st = rxe_odp_resp_state(qp, mr);
+		st->failed_start = va;
+		st->failed_end = va + work->len;
+		spin_unlock_irqrestore(&qp->state_lock, flags);
 	}
+	if (qp)
+		rxe_put(qp);
 	spin_lock(&odp->fault_lock);
-	if (failed) {
-		odp->failed_start = va;
-		odp->failed_end = va + work->len;
-	}
 	odp->faults_queued--;
 	spin_unlock(&odp->fault_lock);
 	rxe_put(mr);
@@ -679,10 +710,10 @@ static enum resp_states rxe_odp_fault_in_place(struct rxe_qp *qp,
 	len = min_t(u32, len, qp->mtu);
 	err = rxe_odp_walk(mr, iova, len, write, NULL, NULL);
 	if (!err) {
-		rxe_odp_fault_done(mr, va);
+		rxe_odp_fault_done(qp, mr, va);
 		return RESPST_NONE;
 	}
-	if (rxe_odp_fault_transient(mr, va, len, write, err))
+	if (rxe_odp_fault_transient(qp, mr, va, len, write, err))
 		return rxe_odp_rnr(qp);
 	return RESPST_ERR_RKEY_VIOLATION;
 }
@@ -702,6 +733,8 @@ enum resp_states rxe_odp_resp_check(struct rxe_qp *qp, struct rxe_mr *mr,
 	u64 va = rxe_odp_va(mr, iova);
 	struct rxe_odp_fault_work *work;
 	bool sync = false, queue = false;
+	struct rxe_odp_resp *st;
+	unsigned long flags;
 
 	if (!len || rxe_odp_all_present(mr, va, len, write))
 		return RESPST_NONE;
@@ -714,29 +747,35 @@ enum resp_states rxe_odp_resp_check(struct rxe_qp *qp, struct rxe_mr *mr,
 			msecs_to_jiffies(RXE_ODP_CHURN_MS)))
 		return rxe_odp_fault_in_place(qp, mr, iova, len, write);
 
-	spin_lock(&odp->fault_lock);
-	if (va < odp->failed_end && va + len > odp->failed_start) {
+	/* This QP's own state: other QPs faulting on the MR leave it alone. */
+	spin_lock_irqsave(&qp->state_lock, flags);
+	st = rxe_odp_resp_state(qp, mr);
+	if (va < st->failed_end && va + len > st->failed_start) {
 		/* The fault failed: fault here, and report what it says. */
-		odp->failed_start = 0;
-		odp->failed_end = 0;
+		st->failed_start = 0;
+		st->failed_end = 0;
 		sync = true;
-	} else if (va == odp->rnr_va) {
+	} else if (va == st->rnr_va) {
 		/*
 		 * Answered RNR once already and still absent: the fault is
 		 * slow, failed for want of memory, or the pages were
 		 * invalidated again. Fault in place, under the umem lock, so
 		 * the access surely makes progress.
 		 */
-		odp->rnr_va = U64_MAX;
+		st->rnr_va = U64_MAX;
 		sync = true;
 	} else {
-		odp->rnr_va = va;
+		st->rnr_va = va;
+	}
+	spin_unlock_irqrestore(&qp->state_lock, flags);
+	if (!sync) {
 		/* With enough in flight, the retry may find it done. */
+		spin_lock(&odp->fault_lock);
 		queue = odp->faults_queued < RXE_ODP_MAX_FAULT_WORK;
 		if (queue)
 			odp->faults_queued++;
+		spin_unlock(&odp->fault_lock);
 	}
-	spin_unlock(&odp->fault_lock);
 	if (sync)
 		return rxe_odp_fault_in_place(qp, mr, iova, len, write);
 	if (!queue)
@@ -753,6 +792,7 @@ enum resp_states rxe_odp_resp_check(struct rxe_qp *qp, struct rxe_mr *mr,
 	INIT_WORK(&work->work, rxe_odp_fault_work);
 	rxe_get(mr);
 	work->mr = mr;
+	work->qp_index = qp->elem.index;
 	work->iova = iova;
 	work->len = len;
 	work->write = write;

@@ -439,8 +439,6 @@ int rxe_odp_mr_init_user(struct rxe_dev *rxe, u64 start, u64 length,
 	xa_init(&odp->children);
 	INIT_WORK(&odp->reap_work, rxe_odp_reap_children);
 	spin_lock_init(&odp->fault_lock);
-	odp->rnr_va = U64_MAX;
-	odp->transient_va = U64_MAX;
 	odp->churn = jiffies - msecs_to_jiffies(RXE_ODP_CHURN_MS);
 
 	/*
