@@ -15,9 +15,13 @@
 dir=$OUT/$1 kernel=$2 rootfs=$3
 timeout=${TIMEOUT:-1800} grace=${GRACE:-300}
 wire=$dir/wire
+# A unix socket's path holds at most 107 bytes: from a deep checkout the
+# sockets go to a private directory of their own under /tmp instead.
+if [ ${#wire} -gt 90 ]; then
+	wire=$(mktemp -d /tmp/odpwatch-wire.XXXXXX)
+	log "cluster: $dir/wire is too long a path for unix sockets; using $wire"
+fi
 mkdir -p "$wire"
-# A unix socket's path holds at most 107 bytes.
-[ ${#wire} -le 90 ] || die "cluster: socket directory path too long for a unix socket: $wire"
 share() { echo "-fsdev local,id=$1,path=$2,security_model=passthrough$3 -device virtio-9p-pci,fsdev=$1,mount_tag=$1"; }
 
 pids=() tpids=()
@@ -32,6 +36,7 @@ stop_all() {
 		fi
 	done
 	for p in "${tpids[@]}"; do kill "$p" 2>/dev/null || true; done
+	case $wire in /tmp/odpwatch-wire.*) rm -rf "$wire" ;; esac
 }
 trap stop_all EXIT
 trap 'exit 130' INT
