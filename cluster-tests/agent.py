@@ -17,7 +17,6 @@ from pyverbs.memwatch import MemWatch
 from pyverbs.pd import PD
 
 import verbs
-from verbs import libc
 
 
 class Agent:
@@ -59,7 +58,7 @@ class Agent:
         pattern(seed): what a registration cache sees when an application
         frees a buffer and malloc hands the range out again. The MR stays."""
         m = self.objs[h]
-        verbs.check(libc.munmap(m["addr"], m["length"]), "munmap")
+        verbs.munmap(m["addr"], m["length"])
         verbs.mmap_anon(m["length"], m["addr"])
         ctypes.memmove(m["addr"], verbs.pattern(seed, m["length"]), m["length"])
 
@@ -90,7 +89,7 @@ class Agent:
 
         def run():
             while not m["stop"].is_set():
-                verbs.check(libc.madvise(m["addr"], m["length"], verbs.MADV_DONTNEED), "madvise")
+                verbs.madvise_dontneed(m["addr"], m["length"])
                 m["zaps"] += 1
         m["thread"] = threading.Thread(target=run)
         m["thread"].start()
@@ -154,7 +153,7 @@ class Agent:
         return p.wait(timeout=60)
 
     def gid_index(self):
-        return verbs.roce_v2_ipv4_gid_index()[0]
+        return verbs.roce_v2_ipv4_gid(verbs.RDMA_DEV)[0]
 
     def close(self, h):
         """Destroy an object now (a QP mid-stream, an MR, a buffer)."""
@@ -163,7 +162,7 @@ class Agent:
             if "watch" in obj:
                 obj["watch"].remove()
             obj["mr"].close()
-            verbs.check(libc.munmap(obj["addr"], obj["length"]), "munmap")
+            verbs.munmap(obj["addr"], obj["length"])
         elif isinstance(obj, verbs.RemoteQP):
             obj.qp.close()
             obj.cq.close()

@@ -88,4 +88,4 @@ def local_mem(pd):
     yield make
     for addr, length, mr in made:
         mr.close()
-        verbs.libc.munmap(addr, length)
+        verbs.munmap(addr, length)

@@ -10,19 +10,10 @@ import pytest
 
 import verbs
 from conftest import PEER
-from verbs import MODES, pattern
+from verbs import MODES, assert_bytes, pattern
 
 LEN = 256 << 10
 PAGE = 4096
-
-
-def same(got, want, what):
-    """got == want, failing with the first difference (never pytest's diff)."""
-    if got != want:
-        at = next((i for i in range(min(len(got), len(want))) if got[i] != want[i]),
-                  min(len(got), len(want)))
-        raise AssertionError(f"{what}: first difference at offset {at} of {len(want)}: "
-                             f"{got[at:at + 8].hex()} != {want[at:at + 8].hex()}")
 
 
 def faults_seen(peer, mem, length):
@@ -40,7 +31,7 @@ def test_write(mode, peer, qp, local_mem):
     dst = peer.mem(mode, LEN)
     q.rdma(e.IBV_WR_RDMA_WRITE, src_mr, src, LEN, dst["rkey"], dst["addr"])
     assert q.poll() == e.IBV_WC_SUCCESS
-    same(peer.read(dst["h"], 0, LEN), pattern(1, LEN), "bytes written on node 1")
+    assert_bytes(peer.read(dst["h"], 0, LEN), pattern(1, LEN), "bytes written on node 1")
     if mode != "pinned":
         faults_seen(peer, dst, LEN)
     peer.close(dst["h"])
@@ -53,7 +44,7 @@ def test_read(mode, peer, qp, local_mem):
     src = peer.mem(mode, LEN, 2)
     q.rdma(e.IBV_WR_RDMA_READ, dst_mr, dst, LEN, src["rkey"], src["addr"])
     assert q.poll() == e.IBV_WC_SUCCESS
-    same(ctypes.string_at(dst, LEN), pattern(2, LEN), "bytes read from node 1")
+    assert_bytes(ctypes.string_at(dst, LEN), pattern(2, LEN), "bytes read from node 1")
     if mode != "pinned":
         faults_seen(peer, src, LEN)
     peer.close(src["h"])
@@ -70,7 +61,7 @@ def test_send(mode, peer, qp, local_mem):
     q.send(src_mr, src, LEN)
     assert q.poll() == e.IBV_WC_SUCCESS
     assert peer.poll(rq) == e.IBV_WC_SUCCESS
-    same(peer.read(dst["h"], 0, LEN), pattern(3, LEN), "bytes sent to node 1")
+    assert_bytes(peer.read(dst["h"], 0, LEN), pattern(3, LEN), "bytes sent to node 1")
     peer.close(dst["h"])
 
 
@@ -112,9 +103,9 @@ def test_stale_registration(kind, peer, qp, local_mem):
     assert q.poll() == e.IBV_WC_SUCCESS
     got = ctypes.string_at(dst, LEN)
     if kind == "pinned":
-        same(got, pattern(5, LEN), "a pinned MR serves the freed pages")
+        assert_bytes(got, pattern(5, LEN), "a pinned MR serves the freed pages")
     else:
-        same(got, pattern(6, LEN), f"{kind}: the new buffer's bytes")
+        assert_bytes(got, pattern(6, LEN), f"{kind}: the new buffer's bytes")
     peer.close(buf["h"])
 
 
@@ -137,7 +128,7 @@ def test_invalidation_while_streaming(peer, qp, local_mem):
     # madvise zaps may have emptied any page since: write once more, quiet.
     q.rdma(e.IBV_WR_RDMA_WRITE, src_mr, src, LEN, dst["rkey"], dst["addr"])
     assert q.poll() == e.IBV_WC_SUCCESS
-    same(peer.read(dst["h"], 0, LEN), pattern(10 + n - 1, LEN), "the last WRITE's bytes")
+    assert_bytes(peer.read(dst["h"], 0, LEN), pattern(10 + n - 1, LEN), "the last WRITE's bytes")
     row = peer.counters(dst["h"])
     assert int(row["page_invalidations"]) > 0, row
     peer.close(dst["h"])
@@ -164,7 +155,7 @@ def test_peer_qp_destroyed_mid_stream(peer, ctx, pd, local_mem):
     ctypes.memmove(src, pattern(7, LEN), LEN)
     fresh.rdma(e.IBV_WR_RDMA_WRITE, src_mr, src, LEN, dst["rkey"], dst["addr"])
     assert fresh.poll() == e.IBV_WC_SUCCESS
-    same(peer.read(dst["h"], 0, LEN), pattern(7, LEN), "after a new connection")
+    assert_bytes(peer.read(dst["h"], 0, LEN), pattern(7, LEN), "after a new connection")
     peer.close(remote["h"])
     fresh.qp.close()
     peer.close(dst["h"])
@@ -196,7 +187,7 @@ PERFTESTS = [("ib_write_bw", "-s 65536 -n 200"), ("ib_read_bw", "-s 65536 -n 200
 @pytest.mark.parametrize("tool,args", PERFTESTS, ids=[t for t, _ in PERFTESTS])
 def test_perftest(tool, args, odp, peer):
     """perftest across the wire: the server on node 1, the client here."""
-    gid = verbs.roce_v2_ipv4_gid_index()[0]
+    gid = verbs.roce_v2_ipv4_gid(verbs.RDMA_DEV)[0]
     common = [tool, "-d", verbs.RDMA_DEV, "-F", *args.split()] + (["--odp"] if odp else [])
     server = peer.spawn(common + ["-x", str(peer.gid_index())])
     client = None

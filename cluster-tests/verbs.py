@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: GPL-2.0
 """What both nodes of the cluster suite use: memory, MRs of each kind and an
 RC QP connected to a QP on the other node (by its number and RoCE v2 GID)."""
-import ctypes
 import os
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pyverbs.enums as e
 from pyverbs.addr import AHAttr, GID, GlobalRoute
@@ -13,39 +14,19 @@ from pyverbs.mr import MR
 from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 from pyverbs.wr import RecvWR, SGE, SendWR
 
+# Memory, byte comparison and the GID lookup: the pyverbs tests' own.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "pyverbs-tests"))
+from rxe_env import (assert_bytes, madvise_dontneed, mmap_anon,  # noqa: E402,F401
+                     munmap, roce_v2_ipv4_gid)
+
 RDMA_DEV = os.environ.get("RDMA_DEV", "rxe0")
 PORT = 18600            # the agent's RPC port on node 1 (perftest takes 18515)
 AUTHKEY = b"odpwatch-cluster"
 ODPWATCH = "/out/guest/bin/odpwatch"
 
-libc = ctypes.CDLL(None, use_errno=True)
-libc.mmap.restype = ctypes.c_void_p
-libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                      ctypes.c_int, ctypes.c_long]
-libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-PROT_RW, MAP_PRIVATE, MAP_ANONYMOUS, MAP_FIXED_NOREPLACE = 0x3, 0x02, 0x20, 0x100000
-MAP_FAILED = ctypes.c_void_p(-1).value
-MADV_DONTNEED = 4
-
 REMOTE = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ |
           e.IBV_ACCESS_REMOTE_ATOMIC)
 MODES = ("pinned", "odp", "implicit")
-
-
-def check(rc, what):
-    if rc:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def mmap_anon(length, addr=None):
-    """Anonymous memory, exactly at addr if given; returns its address."""
-    flags = MAP_PRIVATE | MAP_ANONYMOUS | (MAP_FIXED_NOREPLACE if addr else 0)
-    p = libc.mmap(addr, length, PROT_RW, flags, -1, 0)
-    if p in (None, MAP_FAILED) or (addr and p != addr):
-        raise OSError(ctypes.get_errno(), "mmap")
-    return p
 
 
 def pattern(seed, length):
@@ -64,21 +45,6 @@ def register(pd, mode, addr, length):
     raise ValueError(mode)
 
 
-def roce_v2_ipv4_gid_index(port=1):
-    base = f"/sys/class/infiniband/{RDMA_DEV}/ports/{port}"
-    for name in sorted(os.listdir(f"{base}/gids"), key=int):
-        try:
-            with open(f"{base}/gid_attrs/types/{name}") as f:
-                kind = f.read().strip()
-            with open(f"{base}/gids/{name}") as f:
-                gid = f.read().strip()
-        except OSError:
-            continue
-        if kind == "RoCE v2" and gid.startswith("0000:0000:0000:0000:0000:ffff:"):
-            return int(name), gid
-    raise RuntimeError(f"{RDMA_DEV}: no RoCE v2 IPv4 GID")
-
-
 class RemoteQP:
     """An RC QP to be connected to a QP of the other node."""
 
@@ -89,7 +55,7 @@ class RemoteQP:
         attr.qp_access_flags = REMOTE
         self.qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap), attr)
         self.attr = attr
-        self.gid_index, self.gid = roce_v2_ipv4_gid_index()
+        self.gid_index, self.gid = roce_v2_ipv4_gid(RDMA_DEV)
 
     @property
     def qpn(self):

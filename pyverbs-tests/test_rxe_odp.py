@@ -2,6 +2,7 @@
 """rxe On-Demand Paging as an application sees it: implicit MRs, huge pages,
 data that follows the mapping through madvise, munmap/mmap and fork, and
 traffic racing invalidations. Every check reads the bytes that moved."""
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -403,13 +404,10 @@ MAP_SHARED = 0x01
 MAX_TRANSIENT = 16  # RXE_ODP_MAX_TRANSIENT: failed faults at one address answered RNR
 
 
-def test_fault_past_a_files_end_is_a_remote_access_error(ctx, pd, local):
-    """A page that is mapped but can never be faulted in (a shared file
-    mapping past the file's end): the responder cannot tell that from a
-    fault that ran out of memory, answers RNR, but at most MAX_TRANSIENT
-    times in a row, then reports the remote access error that an unmapped
-    address gets at once. Without the bound the WRITE would never end."""
-    requester, _responder = LoopbackQP.pair(ctx, pd)
+@contextlib.contextmanager
+def odp_mr_past_a_files_end(pd):
+    """An ODP MR over LEN bytes of a shared mapping of a 4 KiB memfd: from
+    offset 4096 on, its pages can never be faulted in. Yields (buf, mr)."""
     fd = os.memfd_create("odp-past-eof")
     buf = None
     try:
@@ -418,19 +416,30 @@ def test_fault_past_a_files_end_is_a_remote_access_error(ctx, pd, local):
         assert buf not in (None, MAP_FAILED)
         mr = MR(pd, LEN, ODP, address=buf)
         try:
-            rnr0 = hw_counter("rcvd_rnr_err")
-            status = requester.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, 4096,
-                                    mr, buf + 8192, timeout=120)
-            rnr = hw_counter("rcvd_rnr_err") - rnr0
-            print(f"status {status} after {rnr} RNR NAKs")
-            assert status == e.IBV_WC_REM_ACCESS_ERR
-            assert MAX_TRANSIENT <= rnr <= MAX_TRANSIENT + 4, f"{rnr} RNR NAKs"
+            yield buf, mr
         finally:
             mr.close()
     finally:
         if buf:
             munmap(buf, LEN)
         os.close(fd)
+
+
+def test_fault_past_a_files_end_is_a_remote_access_error(ctx, pd, local):
+    """A page that is mapped but can never be faulted in (a shared file
+    mapping past the file's end): the responder cannot tell that from a
+    fault that ran out of memory, answers RNR, but at most MAX_TRANSIENT
+    times in a row, then reports the remote access error that an unmapped
+    address gets at once. Without the bound the WRITE would never end."""
+    requester, _responder = LoopbackQP.pair(ctx, pd)
+    with odp_mr_past_a_files_end(pd) as (buf, mr):
+        rnr0 = hw_counter("rcvd_rnr_err")
+        status = requester.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, 4096,
+                                mr, buf + 8192, timeout=120)
+        rnr = hw_counter("rcvd_rnr_err") - rnr0
+        print(f"status {status} after {rnr} RNR NAKs")
+        assert status == e.IBV_WC_REM_ACCESS_ERR
+        assert MAX_TRANSIENT <= rnr <= MAX_TRANSIENT + 4, f"{rnr} RNR NAKs"
 
 
 def test_two_qps_faulting_past_a_files_end_both_get_the_error(ctx, pd, local):
@@ -440,27 +449,14 @@ def test_two_qps_faulting_past_a_files_end_both_get_the_error(ctx, pd, local):
     other's count, and both WRITEs were answered RNR forever.)"""
     pairs = [LoopbackQP.pair(ctx, pd) for _ in range(2)]  # both ends kept alive
     qps = [requester for requester, _ in pairs]
-    fd = os.memfd_create("odp-past-eof-2")
-    buf = None
-    try:
-        os.ftruncate(fd, 4096)
-        buf = libc.mmap(None, LEN, PROT_RW, MAP_SHARED, fd, 0)
-        assert buf not in (None, MAP_FAILED)
-        mr = MR(pd, LEN, ODP, address=buf)
-        try:
-            for i, q in enumerate(qps):
-                wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1,
-                            sg=[SGE(local.buf + i * 4096, 4096, local.lkey)])
-                wr.set_wr_rdma(mr.rkey, buf + 8192 + i * 16384)
-                q.qp.post_send(wr)
-            statuses = [q.wait(timeout=120) for q in qps]
-            assert statuses == [e.IBV_WC_REM_ACCESS_ERR] * 2, statuses
-        finally:
-            mr.close()
-    finally:
-        if buf:
-            munmap(buf, LEN)
-        os.close(fd)
+    with odp_mr_past_a_files_end(pd) as (buf, mr):
+        for i, q in enumerate(qps):
+            wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1,
+                        sg=[SGE(local.buf + i * 4096, 4096, local.lkey)])
+            wr.set_wr_rdma(mr.rkey, buf + 8192 + i * 16384)
+            q.qp.post_send(wr)
+        statuses = [q.wait(timeout=120) for q in qps]
+        assert statuses == [e.IBV_WC_REM_ACCESS_ERR] * 2, statuses
 
 
 # ibv_advise_mr's advice and flag values (uapi ib_user_ioctl_verbs.h).
