@@ -13,7 +13,8 @@ struct Options {
 	bool quick = false;
 	bool uffd = true; // memwatch: compare with a userfaultfd monitor
 	unsigned reps = 5;
-	std::string csv; // also write the rows here
+	std::string csv;  // also write the rows here
+	std::string only; // run only the sections whose name contains this
 };
 
 // memwatch against a userfaultfd monitor and an interposed munmap hook;

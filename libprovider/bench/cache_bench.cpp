@@ -199,7 +199,7 @@ int cache_bench(const Options &o)
 			body(c, p);
 		}
 	};
-	run_sections("cache", o.reps, o.quick,
+	run_sections("cache", o.reps, o.quick, o.only,
 		     {{"hit path",
 		       [&] {
 			       each_policy([&](OurCache &c, int p) {

@@ -289,7 +289,7 @@ int odp_bench(const Options &o)
 	verbs::Pd pd = verbs::alloc_pd(ctx.get());
 	Report rep("On-Demand Paging against pinned memory on " +
 		   std::string(ibv_get_device_name(ctx->device)));
-	run_sections("odp", o.reps, o.quick,
+	run_sections("odp", o.reps, o.quick, o.only,
 		     {{"registration", [&] { bench_registration(rep, o, pd.get()); }},
 		      {"bandwidth", [&] { bench_bandwidth(rep, o, ctx.get(), pd.get()); }},
 		      {"isolation", [&] { bench_isolation(rep, o, ctx.get(), pd.get()); }},

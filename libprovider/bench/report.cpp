@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <string_view>
 
 namespace odpwatch::bench
 {
@@ -160,12 +161,14 @@ void Report::finish(const std::string &csv) const
 		write_csv(csv);
 }
 
-void run_sections(const char *bench, unsigned reps, bool quick,
+void run_sections(const char *bench, unsigned reps, bool quick, const std::string &only,
 		  std::initializer_list<Section> sections)
 {
 	std::fprintf(stderr, "bench %s: %u repetitions per row%s\n", bench, reps,
 		     quick ? " (quick)" : "");
 	for (const auto &[what, run] : sections) {
+		if (std::string_view(what).find(only) == std::string_view::npos)
+			continue;
 		auto t0 = std::chrono::steady_clock::now();
 		std::fprintf(stderr, "bench %s: %s ...", bench, what);
 		run();

@@ -71,10 +71,11 @@ private:
 	std::vector<std::string> remarks_;
 };
 
-// Runs the sections of benchmark @bench in order, telling stderr which runs
-// and how long it took: a long run shows its progress.
+// Runs the sections of benchmark @bench in order (only those whose name
+// contains @only, if it is not empty), telling stderr which runs and how long
+// it took: a long run shows its progress.
 using Section = std::pair<const char *, std::function<void()>>;
-void run_sections(const char *bench, unsigned reps, bool quick,
+void run_sections(const char *bench, unsigned reps, bool quick, const std::string &only,
 		  std::initializer_list<Section> sections);
 
 } // namespace odpwatch::bench

@@ -27,11 +27,11 @@ void usage(FILE *f)
 		"  mr-counters\n"
 		"         ODP counters of the device's MRs (page faults, invalidations)\n"
 		"  demo   the registration-cache problem, shown with RDMA traffic\n"
-		"  bench memwatch [--quick] [--reps N] [--csv FILE] [--no-uffd]\n"
+		"  bench memwatch [--quick] [--reps N] [--csv FILE] [--only SECTION] [--no-uffd]\n"
 		"         memwatch against a userfaultfd monitor and a munmap hook\n"
-		"  bench odp [--quick] [--reps N] [--csv FILE]\n"
+		"  bench odp [--quick] [--reps N] [--csv FILE] [--only SECTION]\n"
 		"         ODP against pinned memory: registration, bandwidth\n"
-		"  bench cache [--quick] [--reps N] [--csv FILE]\n"
+		"  bench cache [--quick] [--reps N] [--csv FILE] [--only SECTION]\n"
 		"         the registration cache's policies: hits, misses, reuse\n"
 		"  bench wire --peer ADDR | --serve [--quick] [--reps N] [--csv FILE]\n"
 		"         perftest across the cluster's wire (node 0: --peer, node 1: --serve)\n");
@@ -48,7 +48,7 @@ int caps(const cli::Options &opt)
 }
 
 // odpwatch bench memwatch|odp|cache|wire [--quick] [--reps N] [--csv FILE]
-//	[--no-uffd] [--peer ADDR | --serve]
+//	[--only SECTION] [--no-uffd] [--peer ADDR | --serve]
 int run_bench(const cli::Options &opt, int argc, char **argv)
 {
 	std::string_view what = argc >= 1 ? argv[0] : "";
@@ -59,7 +59,7 @@ int run_bench(const cli::Options &opt, int argc, char **argv)
 	}
 	bool quick = false, uffd = true, serve = false;
 	unsigned reps = 0;
-	std::string csv, peer;
+	std::string csv, peer, only;
 	for (int i = 1; i < argc; i++) {
 		std::string_view a = argv[i];
 		if (a == "--quick") {
@@ -74,6 +74,8 @@ int run_bench(const cli::Options &opt, int argc, char **argv)
 			reps = static_cast<unsigned>(std::atoi(argv[++i]));
 		} else if (a == "--csv" && i + 1 < argc) {
 			csv = argv[++i];
+		} else if (a == "--only" && what != "wire" && i + 1 < argc) {
+			only = argv[++i];
 		} else {
 			std::fprintf(stderr, "odpwatch bench %s: bad argument %s\n", argv[0],
 				     argv[i]);
@@ -82,7 +84,7 @@ int run_bench(const cli::Options &opt, int argc, char **argv)
 	}
 	if (!reps)
 		reps = quick ? 3 : 5;
-	const bench::Options o{opt.device, quick, uffd, reps, csv};
+	const bench::Options o{opt.device, quick, uffd, reps, csv, only};
 	if (what == "wire") {
 		if (serve == !peer.empty()) {
 			std::fprintf(stderr, "odpwatch bench wire: give --peer ADDR (node 0) or "
