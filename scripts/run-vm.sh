@@ -6,7 +6,9 @@
 #   run-vm.sh JOB DIR BZIMAGE ROOTFS [STOCK]    JOB: check, demo or vm; DIR under $OUT
 # STOCK: a root filesystem with Debian's own rdma-core, shared read-only
 # (tag stock) so the guest can run Debian's rdma-core tests beside ours.
-# Env: TIMEOUT (seconds, default 1800), VM_MEM (default 4G), VM_CPUS (default 2).
+# Env: TIMEOUT (seconds, default 1800), VM_MEM_MB (default 4096), VM_CPUS
+# (default 2). With two or more CPUs the guest has two NUMA nodes, a CPU and
+# half the memory each, so page migration and NUMA hinting can be tested.
 . "$(dirname "$0")/lib.sh"
 
 job=$1 dir=$OUT/$2 kernel=$3 rootfs=$4 stock=${5:-}
@@ -18,8 +20,15 @@ share() { echo "-fsdev local,id=$1,path=$2,security_model=passthrough$3 -device 
 # no5lvl: 4-level paging. A debug CI boot once had KASAN call the 5-level
 # direct map a wild access, from an interrupt taken inside identify_cpu();
 # likely (not confirmed) the moment the boot CPU's LA57 bit is re-read.
-# shellcheck disable=SC2046
-qemu-system-x86_64 -machine pc -accel tcg,thread=multi -cpu max -smp "${VM_CPUS:-2}" -m "${VM_MEM:-4G}" \
+cpus=${VM_CPUS:-2} mem=${VM_MEM_MB:-4096}
+numa=""
+if [ "$cpus" -ge 2 ]; then
+	half=$((mem / 2))
+	numa="-object memory-backend-ram,id=mem0,size=${half}M -numa node,nodeid=0,cpus=0,memdev=mem0"
+	numa+=" -object memory-backend-ram,id=mem1,size=$((mem - half))M -numa node,nodeid=1,cpus=1-$((cpus - 1)),memdev=mem1"
+fi
+# shellcheck disable=SC2046,SC2086
+qemu-system-x86_64 -machine pc -accel tcg,thread=multi -cpu max -smp "$cpus" -m "${mem}M" $numa \
 	-nic none -display none -no-reboot -monitor none \
 	-serial "file:$log" -kernel "$kernel" \
 	-append "console=ttyS0 no5lvl root=rootfs rootfstype=9p rootflags=trans=virtio,version=9p2000.L,msize=512000 ro init=/sbin/odpwatch-init panic=-1 odpwatch.job=$job odpwatch.dir=$2" \

@@ -36,9 +36,9 @@
  * widen from one kernel to the next (see memwatch.rst).
  */
 #define MEMWATCH_UNMAP		(1U << 0) /* munmap, mremap, MAP_FIXED, shmdt, brk */
-#define MEMWATCH_CLEAR		(1U << 1) /* pages zapped or replaced (madvise, truncate) */
-#define MEMWATCH_PROTECTION	(1U << 2) /* mprotect(), NUMA hinting */
-#define MEMWATCH_PROTECTION_PAGE (1U << 3) /* pages write-protected: fork's COW, uffd-wp */
+#define MEMWATCH_CLEAR		(1U << 1) /* pages zapped or replaced (madvise, truncate, COW) */
+#define MEMWATCH_PROTECTION	(1U << 2) /* mprotect(), NUMA hinting, uffd-wp */
+#define MEMWATCH_PROTECTION_PAGE (1U << 3) /* pages write-protected: fork's COW, write-back */
 #define MEMWATCH_SOFT_DIRTY	(1U << 4) /* soft-dirty tracking reset */
 #define MEMWATCH_RELEASE	(1U << 5) /* the address space is gone (exit) */
 #define MEMWATCH_MIGRATE	(1U << 6) /* migration to device-private memory */
