@@ -511,7 +511,7 @@ TEST_F(ev, vma_split_inside_a_block_of_small_pages)
 }
 
 /* khugepaged does the same from its own thread, on its own schedule. */
-TEST_F(ev, thp_collapse_by_khugepaged)
+TEST_F_TIMEOUT(ev, thp_collapse_by_khugepaged, 150)
 {
 	const char *k = "/sys/kernel/mm/transparent_hugepage/khugepaged/";
 	char path[PATH_MAX];
@@ -545,7 +545,7 @@ TEST_F(ev, thp_collapse_by_khugepaged)
 }
 
 /* KSM merging two equal pages maps both to one page: CLEAR. */
-TEST_F(ev, ksm_merge)
+TEST_F_TIMEOUT(ev, ksm_merge, 150)
 {
 	__u64 before[3], after[3];
 	char *buf = map_touched(self->page, 3);
@@ -663,7 +663,7 @@ TEST_F(ev, migration_by_migrate_pages)
  * NUMA balancing marks pages PROT_NONE (PROTECTION) to sample accesses and
  * may migrate them: the default watch changes exactly when a page moved.
  */
-TEST_F(ev, numa_hinting)
+TEST_F_TIMEOUT(ev, numa_hinting, 150)
 {
 	const int n = 64;
 	__u64 before[64], after[64];
@@ -677,6 +677,8 @@ TEST_F(ev, numa_hinting)
 	ASSERT_NE(NULL, buf);
 	ASSERT_EQ(0, set_knob(_metadata, &self->s, NUMAB "scan_delay_ms", "0"));
 	ASSERT_EQ(0, set_knob(_metadata, &self->s, NUMAB "scan_period_min_ms", "10"));
+	/* Scans that find nothing back off up to this (60 s by default). */
+	ASSERT_EQ(0, set_knob(_metadata, &self->s, NUMAB "scan_period_max_ms", "100"));
 	ASSERT_EQ(0, set_knob(_metadata, &self->s, "/proc/sys/kernel/numa_balancing", "1"));
 	watch_pair(&self->s, buf, n * self->page, 0, &p);
 	read_pagemap(self->page, buf, n, before);
@@ -690,7 +692,8 @@ TEST_F(ev, numa_hinting)
 		TH_LOG("no NUMA hinting scan in 120 s (reasons 0x%x)",
 		       reasons(&self->s, &p, ALL));
 	moved = changed_pages(before, after, n);
-	TH_LOG("%d of %d pages migrated by NUMA balancing", moved, n);
+	TH_LOG("first scan after %.1f s; %d of %d pages migrated", now() - t0,
+	       moved, n);
 	EXPECT_EQ(moved == 0, valid(&self->s, &p.w[DEFAULT]));
 	munmap(buf, n * self->page);
 }
@@ -865,6 +868,100 @@ TEST_F(ev, swap_out_under_a_memory_cgroup)
 	cgroup_remove(&cg);
 	ASSERT_TRUE(WIFEXITED(status)) TH_LOG("child: status 0x%x", status);
 	EXPECT_EQ(0, WEXITSTATUS(status));
+}
+
+/*
+ * In a memory cgroup at its limit, ADD fails with ENOMEM, and leaves nothing
+ * behind: the watches already added stay usable, one removed makes room for
+ * another, and every failed ADD returns its share of the per-user count.
+ * The child is exempt from the OOM killer, so the charge fails instead of
+ * killing it. Exit status: 0 passed, else the number of the failed check.
+ */
+static int memcg_add_child(struct cgroup *cg, long page, int report)
+{
+	const size_t len = 1UL << 30;	/* addresses only, never touched */
+	struct memwatch_remove rm = { .id = 0 };
+	struct memwatch_stats st;
+	struct memwatch_add w;
+	unsigned long n = 0;
+	int fd, failures;
+	char *area;
+
+	if (write_file("/proc/self/oom_score_adj", "-1000") || join(cg))
+		return 1;
+	area = mmap(NULL, len, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS |
+		    MAP_NORESERVE, -1, 0);
+	fd = memwatch_create(MEMWATCH_CLOEXEC);
+	if (area == MAP_FAILED || fd < 0)
+		return 2;
+	for (;; n++) {
+		w = (struct memwatch_add){ .addr = (uintptr_t)area + n * page,
+					   .len = page, .cookie = n };
+		if (ioctl(fd, MEMWATCH_IOC_ADD, &w))
+			break;
+		if (n == len / page - 1)
+			return 3;	/* the cgroup never filled up */
+	}
+	if (errno != ENOMEM)
+		return 4;
+	/* Each further attempt fails the same way, and is not counted. */
+	for (failures = 0; failures < 10; failures++)
+		if (!ioctl(fd, MEMWATCH_IOC_ADD, &w) || errno != ENOMEM)
+			return 5;
+	if (ioctl(fd, MEMWATCH_IOC_STATS, &st) || st.watches != n)
+		return 6;
+	if (ioctl(fd, MEMWATCH_IOC_REMOVE, &rm) || ioctl(fd, MEMWATCH_IOC_ADD, &w))
+		return 7;	/* removing one makes room for another */
+	close(fd);	/* first: a pipe buffer is charged to the cgroup too */
+	return write(report, &n, sizeof(n)) == sizeof(n) ? 0 : 8;
+}
+
+TEST(memcg_limit_during_add)
+{
+	const char *path = "/proc/sys/user/max_memwatch_watches";
+	long page = sysconf(_SC_PAGESIZE);
+	char old[32] = "", limit[32];
+	unsigned long n = 0, i;
+	struct memwatch_add w;
+	struct cgroup cg;
+	int status, fd, p[2];
+	char *buf;
+	pid_t pid;
+
+	ASSERT_EQ(0, cgroup_make(&cg, "memwatch_add"))
+		TH_LOG("cannot set up a memory cgroup: %s", strerror(errno));
+	ASSERT_EQ(0, cgroup_set(&cg, "memory.max", "4M"));
+	ASSERT_EQ(0, pipe(p));
+	pid = fork();
+	ASSERT_LE(0, pid);
+	if (!pid)
+		_exit(memcg_add_child(&cg, page, p[1]));
+	close(p[1]);
+	ASSERT_EQ(pid, waitpid(pid, &status, 0));
+	EXPECT_EQ((ssize_t)sizeof(n), read(p[0], &n, sizeof(n)));
+	close(p[0]);
+	cgroup_remove(&cg);
+	ASSERT_TRUE(WIFEXITED(status)) TH_LOG("child: status 0x%x", status);
+	ASSERT_EQ(0, WEXITSTATUS(status));
+	TH_LOG("%lu watches fitted in the cgroup's 4 MiB", n);
+
+	/* The per-user count is back to zero: exactly the limit fits again. */
+	ASSERT_EQ(0, read_file(path, old, sizeof(old)));
+	snprintf(limit, sizeof(limit), "%d", 64);
+	ASSERT_EQ(0, write_file(path, limit));
+	buf = mmap(NULL, 65 * page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	fd = memwatch_create(MEMWATCH_CLOEXEC);
+	for (i = 0; i < 65; i++) {
+		w = (struct memwatch_add){ .addr = (uintptr_t)buf + i * page,
+					   .len = page };
+		if (ioctl(fd, MEMWATCH_IOC_ADD, &w))
+			break;
+	}
+	write_file(path, old);
+	EXPECT_EQ(64UL, i);
+	EXPECT_EQ(ENOSPC, errno);
+	close(fd);
+	munmap(buf, 65 * page);
 }
 
 static int send_fd(int sock, int fd)
