@@ -27,6 +27,14 @@ run_with_progress "guest: libprovider" "$OUT/guest/libprovider-build.log" cmake_
 	cmake --install /out/guest/libprovider-build >/dev/null' ||
 	{ tail -30 "$OUT/guest/libprovider-build.log" >&2; die "libprovider build failed; log: $OUT/guest/libprovider-build.log"; }
 
+log "guest: MPI programs (middleware/mpi) for Open MPI and MPICH"
+for mpi in openmpi mpich; do
+	run sh -c "command -v mpicxx.$mpi >/dev/null" || die "mpicxx.$mpi missing from the root filesystem"
+	run mpicxx.$mpi -std=c++20 -O2 -Wall -Wextra -Werror -o /out/guest/bin/stale_send.$mpi \
+		/odpwatch/middleware/mpi/stale_send.cpp >"$OUT/guest/stale_send.$mpi.log" 2>&1 ||
+		{ cat "$OUT/guest/stale_send.$mpi.log" >&2; die "stale_send does not build with $mpi"; }
+done
+
 log "guest: man page examples"
 rm -rf "$OUT/guest/man-examples"
 python3 "$TOP/man/extract-examples.py" "$OUT/guest/man-examples" "$TOP"/man/man*/*.[0-9] >/dev/null

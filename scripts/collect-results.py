@@ -229,19 +229,20 @@ def compare_with_stock(ours, stock):
     return tests
 
 
-SUITES = ("selftests", "pyverbs-tests", "rdma-core", "rdma-core-vs-stock", "cluster")
+SUITES = ("selftests", "pyverbs-tests", "rdma-core", "rdma-core-vs-stock", "cluster", "middleware")
 
 
-def parse_cluster(d):
-    """The two-guest suite: node 0's pytest results, and node 1 (the agent)
-    must have finished with status 0 (it exits 1 if node 0 vanished)."""
-    tests = parse_junit(d / "node0" / "cluster.xml", d / "node0" / "cluster.status")
+def parse_cluster(d, name="cluster"):
+    """A two-guest suite: node 0's pytest results, and node 1 (the agent, or
+    sshd) must have finished with status 0 (the agent exits 1 if node 0
+    vanished)."""
+    tests = parse_junit(d / "node0" / f"{name}.xml", d / "node0" / f"{name}.status")
     if tests is None:
         return None
     status = d / "node1" / "status"
     st = status.read_text().strip() if status.exists() else "none"
     if st != "0":
-        tests.append(failed("cluster: node1 (agent)", f"node 1 finished with status {st}"))
+        tests.append(failed(f"{name}: node1", f"node 1 finished with status {st}"))
     return tests
 
 
@@ -260,8 +261,8 @@ def main():
     results = {"suites": {}}
     console = (d / "console.log").read_text(errors="replace").replace("\r", "") \
         if (d / "console.log").exists() else ""
-    # The cluster's two consoles are scanned for splats too.
-    for c in sorted(d.glob("cluster/node*/console.log")):
+    # The two-guest suites' consoles are scanned for splats too.
+    for c in sorted(d.glob("cluster/node*/console.log")) + sorted(d.glob("middleware/node*/console.log")):
         console += "\n" + c.read_text(errors="replace").replace("\r", "")
     m = re.search(r"odpwatch: kernel ([^\s,]+)", console)
     results["kernel"] = m[1] if m else None
@@ -269,7 +270,8 @@ def main():
     suites = {"selftests": parse_ktap(d / "selftests.ktap"),
               "pyverbs-tests": parse_junit(d / "pyverbs-tests.xml", d / "pyverbs-tests.status"),
               "rdma-core": parse_modules(d, "rdma-core"),
-              "cluster": parse_cluster(d / "cluster")}
+              "cluster": parse_cluster(d / "cluster"),
+              "middleware": parse_cluster(d / "middleware", "middleware")}
     stock = parse_modules(d, "rdma-core-stock")
     # A stock module that did not run is a failure of the comparison.
     suites["rdma-core-vs-stock"] = compare_with_stock(suites["rdma-core"] or [], stock or []) + \

@@ -27,6 +27,18 @@ if ! run_with_progress "rootfs: debootstrap" "$CACHE/debootstrap.log" last_line 
 	die "debootstrap failed (a package missing from $GUEST_SUITE?); log: $CACHE/debootstrap.log"
 fi
 install -m 0755 "$stub" "$tmp/sbin/odpwatch-init"
+# mpirun and mpiexec start their remote daemons over ssh: a key pair for
+# root, authorized for root, made once per root filesystem (which both
+# cluster nodes share; the wire between them reaches nothing else).
+if [ -x "$tmp/usr/sbin/sshd" ]; then
+	install -d -m 0700 "$tmp/root/.ssh"
+	chroot "$tmp" ssh-keygen -q -t ed25519 -N '' -C odpwatch-cluster -f /root/.ssh/id_ed25519
+	cp "$tmp/root/.ssh/id_ed25519.pub" "$tmp/root/.ssh/authorized_keys"
+	printf 'Host *\n\tStrictHostKeyChecking no\n\tUserKnownHostsFile /dev/null\n\tLogLevel ERROR\n' \
+		>"$tmp/root/.ssh/config"
+	# No PAM session in a guest without logind; keys only.
+	printf 'UsePAM no\nPasswordAuthentication no\n' >"$tmp/etc/ssh/sshd_config.d/odpwatch.conf"
+fi
 mkdir -p "$tmp/odpwatch" "$tmp/out"
 echo odpwatch >"$tmp/etc/hostname"
 rm -rf "$tmp"/var/cache/apt/archives/*.deb

@@ -21,7 +21,7 @@ rm -f "$OUT/.over-budget"
 # deadline (TIMEOUT) is the hard limit; these are the early warning.
 declare -A budget=([host]=300 [materialise]=240 [kernel-std]=900 [kernel-debug]=1000
 	[series]=300 [lint]=120 [i386]=240 [rootfs]=300 [rdma-core]=360 [userspace]=300
-	[guest-check-std]=600 [guest-check-debug]=1200 [cluster]=600)
+	[guest-check-std]=600 [guest-check-debug]=1200 [cluster]=600 [middleware]=900)
 budgeted() { STAGE_BUDGET=${budget[$1]:-} stage "${@:2}"; }
 
 # This run's results only: the job directory starts empty, so a file left
@@ -63,7 +63,7 @@ if [ "$job" = check ]; then
 	case $variant in
 	debug) suites="selftests pyverbs-tests"
 		pyverbs="test_harness.py test_rxe_odp.py test_fault_injection.py test_teardown.py test_stress.py test_limits.py" ;;
-	*) suites="selftests pyverbs-tests rdma-core rdma-core-vs-stock cluster" pyverbs="" ;;
+	*) suites="selftests pyverbs-tests rdma-core rdma-core-vs-stock cluster middleware" pyverbs="" ;;
 	esac
 	printf 'SUITES="%s"\nPYVERBS_TESTS="%s"\n' "$suites" "$pyverbs" >"$OUT/$dir/plan"
 fi
@@ -99,6 +99,11 @@ if [ "$job" = check ] && [ "$variant" = std ]; then
 	echo "/odpwatch/scripts/guest/run-cluster-suite.sh /out/$dir/cluster/node0" >"$OUT/$dir/cluster/node0/cmd.sh"
 	echo "cd /odpwatch/cluster-tests && python3 agent.py" >"$OUT/$dir/cluster/node1/cmd.sh"
 	budgeted cluster "cluster suite: two guests on a wire" "$TOP/scripts/run-cluster.sh" "$dir/cluster" "$(cat "$OUT/.bzimage")" "$rootfs" || true
+	# The middleware suite: Debian's MPI stack on node 0 and node 1 (sshd).
+	mkdir -p "$OUT/$dir/middleware/node0" "$OUT/$dir/middleware/node1"
+	echo "/odpwatch/scripts/guest/run-middleware-suite.sh /out/$dir/middleware/node0" >"$OUT/$dir/middleware/node0/cmd.sh"
+	echo "/odpwatch/scripts/guest/wait-for-file.sh /out/$dir/middleware/node0/middleware.status" >"$OUT/$dir/middleware/node1/cmd.sh"
+	budgeted middleware "middleware suite: Debian's MPI across two guests" "$TOP/scripts/run-cluster.sh" "$dir/middleware" "$(cat "$OUT/.bzimage")" "$rootfs" || true
 fi
 if [ "$job" = bench ]; then
 	# perftest across the wire: node 0 measures, node 1 serves the same runs.

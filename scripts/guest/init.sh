@@ -59,6 +59,14 @@ if [ -n "$node" ]; then
 	ip link set eth0 mtu 9000 up
 	ip addr add "198.51.100.$((10 + node))/24" dev eth0
 	export ODPWATCH_NODE=$node ODPWATCH_SELF=198.51.100.$((10 + node)) ODPWATCH_PEER=198.51.100.$((11 - node))
+	# Both nodes by name (MPI launchers want names), over the read-only
+	# root's /etc/hosts; sshd for the launchers' remote daemons.
+	printf '127.0.0.1 localhost\n198.51.100.10 odpwatch-node0\n198.51.100.11 odpwatch-node1\n' >/run/hosts
+	mount --bind /run/hosts /etc/hosts
+	if [ -x /usr/sbin/sshd ]; then
+		mkdir -p /run/sshd
+		/usr/sbin/sshd -o ListenAddress="$ODPWATCH_SELF" -E /run/sshd.log || say "sshd did not start"
+	fi
 else
 	# The dummy driver, built in, already made dummy0 (numdummies=1).
 	ip link show dummy0 >/dev/null 2>&1 || ip link add dummy0 type dummy

@@ -136,15 +136,21 @@ class Parsers(unittest.TestCase):
                                "test_harness.test_skip": "skipped"})
 
     def run_main(self, console, stock="test_a (tests.test_mr.M.test_a) ... ok\nRan 1 test in 0s\nOK\n",
-                 skips=None, suites=None, drop=None, node_console="", agent_status="0\n"):
+                 skips=None, suites=None, drop=None, node_console="", agent_status="0\n",
+                 node_console_of="cluster"):
         d = Path(self.dir.name)
-        for n in (0, 1):
-            (d / f"cluster/node{n}").mkdir(parents=True, exist_ok=True)
-            self.write(f"cluster/node{n}/console.log", node_console if n else "")
-        self.write("cluster/node0/cluster.xml", '<testsuites><testsuite name="pytest">'
-                   '<testcase classname="test_cluster" name="test_write[odp]"/>'
-                   '</testsuite></testsuites>')
-        self.write("cluster/node0/cluster.status", "0\n")
+        # The two two-guest suites: cluster (node 1 runs an agent) and
+        # middleware (node 1 runs sshd until node 0 is done).
+        for name in ("cluster", "middleware"):
+            for n in (0, 1):
+                (d / f"{name}/node{n}").mkdir(parents=True, exist_ok=True)
+                self.write(f"{name}/node{n}/console.log",
+                           node_console if n and name == node_console_of else "")
+            self.write(f"{name}/node0/{name}.xml", '<testsuites><testsuite name="pytest">'
+                       f'<testcase classname="test_{name}" name="test_write[odp]"/>'
+                       '</testsuite></testsuites>')
+            self.write(f"{name}/node0/{name}.status", "0\n")
+            self.write(f"{name}/node1/status", "0\n")
         if agent_status is None:
             (d / "cluster/node1/status").unlink(missing_ok=True)
         else:
@@ -181,7 +187,7 @@ class Parsers(unittest.TestCase):
             rc, out, res = self.run_main("odpwatch: kernel k\n", skips=listed)
             self.assertEqual(rc, 1, out)
             self.assertEqual(res["unexpected_skips"], 1)
-            self.assertEqual((res["passed"], res["failed"], res["skipped"]), (5, 1, 1))
+            self.assertEqual((res["passed"], res["failed"], res["skipped"]), (6, 1, 1))
             self.assertIn("not on the expected-skips list", out)
 
     def test_main_clean_console_passes(self):
@@ -191,8 +197,8 @@ class Parsers(unittest.TestCase):
         rc, out, res = self.run_main(benign)
         self.assertEqual(rc, 0, out)
         self.assertEqual(res["kernel"], "7.3.4-odpwatch")
-        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (5, 0, 2))
-        self.assertEqual(out.splitlines()[-1], "5 passed, 0 failed, 2 skipped")
+        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (6, 0, 2))
+        self.assertEqual(out.splitlines()[-1], "6 passed, 0 failed, 2 skipped")
 
     def test_stock_comparison(self):
         # A test Debian's rdma-core passed must pass with ours; one it skipped
@@ -218,7 +224,8 @@ class Parsers(unittest.TestCase):
 
     def test_a_wanted_suite_that_left_nothing_fails(self):
         for f in ("selftests.ktap", "pyverbs-tests.xml", "pyverbs-tests.status", "rdma-core.test_mr.log",
-                  "cluster/node0/cluster.xml", "cluster/node0/cluster.status"):
+                  "cluster/node0/cluster.xml", "cluster/node0/cluster.status",
+                  "middleware/node0/middleware.xml", "middleware/node0/middleware.status"):
             rc, out, res = self.run_main("odpwatch: kernel k\n", drop=f)
             self.assertEqual(rc, 1, f)
 
@@ -241,9 +248,11 @@ class Parsers(unittest.TestCase):
         rc, out, res = self.run_main("odpwatch: kernel k\n", agent_status=None)
         self.assertEqual(rc, 1, out)
         # A splat on a node's console fails the run like one on the main guest's.
-        rc, out, res = self.run_main("odpwatch: kernel k\n", node_console="BUG: KASAN: x in y\n")
-        self.assertEqual(rc, 1, out)
-        self.assertEqual(res["console_splats"], 1)
+        for suite in ("cluster", "middleware"):
+            rc, out, res = self.run_main("odpwatch: kernel k\n", node_console="BUG: KASAN: x in y\n",
+                                         node_console_of=suite)
+            self.assertEqual(rc, 1, out)
+            self.assertEqual(res["console_splats"], 1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
+// The registration-cache problem in an MPI program: rank 0 sends a buffer at
+// one fixed address, frees it, maps the next one at the same address and
+// sends again; rank 1 checks every byte of every message. A cache that
+// missed the free reuses the registration of the old pages, and the message
+// carries the old data. Ways of freeing:
+//   munmap    libc munmap()                     (hooks can see it)
+//   syscall   syscall(SYS_munmap) and SYS_mmap, as Go's runtime does
+//             (no hook sees either)
+//   madvise   madvise(MADV_DONTNEED), pages zeroed and refaulted
+//   mremap    mremap() away, then munmap() there
+// Prints, on rank 1, one line: "stale_send: way=W size=S messages=N
+// corrupt=C" (C messages had a word other than their iteration number).
+#include <mpi.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace
+{
+
+// Where rank 0's buffer always lives: far from anything malloc maps.
+void *const fixed_address = reinterpret_cast<void *>(uintptr_t{1} << 40);
+void *const moved_address = reinterpret_cast<void *>(uintptr_t{3} << 40);
+
+[[noreturn]] void die(const char *what)
+{
+	std::fprintf(stderr, "stale_send: %s: %s\n", what, std::strerror(errno));
+	MPI_Abort(MPI_COMM_WORLD, 2);
+	std::exit(2);
+}
+
+// @raw: by system call, past any hook on the C library's mmap().
+uint64_t *map_at(void *where, size_t size, bool raw = false)
+{
+	const int prot = PROT_READ | PROT_WRITE;
+	const int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE;
+	void *p = raw ? reinterpret_cast<void *>(syscall(SYS_mmap, where, size, prot, flags, -1, 0))
+		      : mmap(where, size, prot, flags, -1, 0);
+	if (p == MAP_FAILED || p != where)
+		die("mmap at the fixed address");
+	return static_cast<uint64_t *>(p);
+}
+
+// Frees rank 0's buffer one way; returns the buffer for the next message.
+uint64_t *free_and_remap(std::string_view way, uint64_t *buf, size_t size)
+{
+	if (way == "munmap") {
+		if (munmap(buf, size))
+			die("munmap");
+	} else if (way == "syscall") {
+		if (syscall(SYS_munmap, buf, size))
+			die("syscall(SYS_munmap)");
+		return map_at(fixed_address, size, true);
+	} else if (way == "madvise") {
+		if (madvise(buf, size, MADV_DONTNEED))
+			die("madvise");
+		return buf; // still mapped: new pages on the next write
+	} else if (way == "mremap") {
+		void *p = mremap(buf, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, moved_address);
+		if (p == MAP_FAILED || munmap(p, size))
+			die("mremap away");
+	}
+	return map_at(fixed_address, size);
+}
+
+int usage()
+{
+	std::fprintf(stderr, "usage: stale_send munmap|syscall|madvise|mremap SIZE COUNT\n");
+	return 2;
+}
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+	MPI_Init(&argc, &argv);
+	int rank = 0, ranks = 0;
+	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+	MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+	const std::string_view way = argc == 4 ? argv[1] : "";
+	const size_t size = argc == 4 ? std::strtoull(argv[2], nullptr, 0) : 0;
+	const int count = argc == 4 ? std::atoi(argv[3]) : 0;
+	if (ranks != 2 || size < sizeof(uint64_t) || size % sizeof(uint64_t) || count < 1 ||
+	    (way != "munmap" && way != "syscall" && way != "madvise" && way != "mremap")) {
+		if (rank == 0)
+			usage();
+		MPI_Finalize();
+		return 2;
+	}
+	const size_t words = size / sizeof(uint64_t);
+	int corrupt = 0;
+	if (rank == 0) {
+		uint64_t *buf = map_at(fixed_address, size);
+		for (int i = 0; i < count; i++) {
+			for (size_t w = 0; w < words; w++)
+				buf[w] = uint64_t(i);
+			MPI_Send(buf, int(size), MPI_BYTE, 1, 0, MPI_COMM_WORLD);
+			buf = free_and_remap(way, buf, size);
+		}
+		munmap(buf, size);
+	} else {
+		std::vector<uint64_t> got(words);
+		uint64_t first_bad = 0;
+		for (int i = 0; i < count; i++) {
+			MPI_Recv(got.data(), int(size), MPI_BYTE, 0, 0, MPI_COMM_WORLD,
+				 MPI_STATUS_IGNORE);
+			for (uint64_t v : got)
+				if (v != uint64_t(i)) {
+					if (!corrupt)
+						first_bad = v;
+					corrupt++;
+					break;
+				}
+		}
+		std::printf("stale_send: way=%.*s size=%zu messages=%d corrupt=%d", int(way.size()),
+			    way.data(), size, count, corrupt);
+		if (corrupt)
+			std::printf(" first_corrupt_word=%llu", (unsigned long long)first_bad);
+		std::printf("\n");
+		std::fflush(stdout);
+	}
+	MPI_Finalize();
+	return 0;
+}

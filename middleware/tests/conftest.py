@@ -1,0 +1,105 @@
+# SPDX-License-Identifier: GPL-2.0
+"""The middleware suite, run on node 0 of the two-guest cluster: Debian's own
+Open MPI, MPICH and UCX, unmodified, across the two kernels. Both nodes
+run sshd with the root filesystem's key pair, so mpirun and mpiexec start
+their remote daemons over ssh on the wire, as on any cluster."""
+import os
+import re
+import subprocess
+import threading
+import time
+
+import pytest
+
+BIN = "/out/guest/bin"
+HOSTS = "odpwatch-node0,odpwatch-node1"
+
+# UCX on rxe, as a user must configure it (each setting found in the field):
+# - rc_verbs needs ud_verbs beside it to set up its connections;
+# - UCX's UD checks the destination address of each packet where the CQE's
+#   SL says the network header is (an mlx5 convention); rxe reports SL 0,
+#   so every packet would be dropped without ETH_DGID_CHECK=n;
+# - UCX's cost model for rxe picks copy protocols for all sizes: the
+#   rendezvous threshold and a zero-copy scheme make it send from the
+#   user's buffer, through its registration cache, as it does on hardware.
+UCX = {
+    "UCX_NET_DEVICES": "rxe0:1",
+    "UCX_TLS": "rc_verbs,ud_verbs,self",
+    "UCX_UD_VERBS_ETH_DGID_CHECK": "n",
+    "UCX_RNDV_THRESH": "16k",
+    "UCX_RNDV_SCHEME": "get_zcopy",
+}
+# UCX registers host memory on demand (ODP) instead of pinning it.
+ODP = {"UCX_REG_NONBLOCK_MEM_TYPES": "host"}
+
+RESULT = re.compile(r"stale_send: way=(\w+) size=(\d+) messages=(\d+) corrupt=(\d+)")
+
+
+def run(cmd, env=None, timeout=300):
+    """Run @cmd; its output (stdout and stderr) and exit status."""
+    e = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    e.update(env or {})
+    p = subprocess.run(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=timeout)
+    return p.stdout, p.returncode
+
+
+def openmpi(program, args, env, pml="ucx"):
+    """mpirun of Open MPI: one rank per node; UCX settings passed with -x."""
+    cmd = ["mpirun.openmpi", "--host", HOSTS, "-np", "2", "--map-by", "node",
+           "--prtemca", "oob_tcp_if_include", "eth0", "--mca", "pml", pml]
+    if pml == "ob1":
+        cmd += ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "eth0"]
+    for k, v in env.items():
+        cmd += ["-x", f"{k}={v}"]
+    return run(cmd + [program] + args)
+
+
+def mpich(program, args, env):
+    """mpiexec of MPICH (hydra over ssh): one rank per node."""
+    cmd = ["mpiexec.mpich", "-launcher", "ssh", "-hosts", HOSTS, "-n", "2", "-ppn", "1"]
+    for k, v in env.items():
+        cmd += ["-genv", k, v]
+    return run(cmd + [program] + args)
+
+
+def stale_send(mpi, way, size, count, env, **kw):
+    """Run stale_send with Open MPI ("openmpi") or MPICH ("mpich"); the
+    number of corrupt messages rank 1 saw."""
+    program = f"{BIN}/stale_send.{mpi}"
+    args = [way, str(size), str(count)]
+    out, rc = (openmpi if mpi == "openmpi" else mpich)(program, args, env, **kw)
+    m = RESULT.search(out)
+    assert rc == 0 and m, f"{mpi} stale_send {' '.join(args)}: status {rc}\n{out[-3000:]}"
+    assert (m[1], int(m[2]), int(m[3])) == (way, size, count), m[0]
+    return int(m[4])
+
+
+class OdpSampler:
+    """Samples `odpwatch mr-counters` every second while it is entered: the
+    most MRs on demand it saw on this node."""
+
+    def __init__(self):
+        self.most, self.samples, self._stop = 0, 0, threading.Event()
+
+    def _loop(self):
+        while not self._stop.wait(1.0):
+            out, _ = run([f"{BIN}/odpwatch", "mr-counters"], timeout=30)
+            m = re.search(r"(\d+) MRs, (\d+) on demand", out)
+            if m:
+                self.samples += 1
+                self.most = max(self.most, int(m[2]))
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.fixture
+def odp_sampler():
+    return OdpSampler()

@@ -1,0 +1,15 @@
+#!/bin/sh
+# Node 0 of the middleware suite: the tests of middleware/tests/ (Debian's MPI
+# stack across the two guests), results as JUnit XML in DIR/middleware.xml;
+# DIR/middleware.status, written last, lets node 1 (wait-for-file.sh) finish.
+#   run-middleware-suite.sh DIR
+dir=$1
+say() { echo "odpwatch: $*" >/dev/console; }
+say "suite middleware: running against $ODPWATCH_PEER"
+cd /odpwatch/middleware/tests || exit 1
+python3 -m pytest -v -p no:cacheprovider -o console_output_style=classic --timeout=600 \
+	--junitxml="$dir/middleware.xml" . >"$dir/middleware.log" 2>&1
+rc=$?
+say "suite middleware: $(tail -n 1 "$dir/middleware.log")"
+echo "$rc" >"$dir/middleware.status"
+exit $rc
