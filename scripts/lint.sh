@@ -22,7 +22,8 @@ for p in "$OUT"/series/0*.patch; do
 done
 [ $rc = 0 ] && log "lint: checkpatch --strict clean on $(($(ls "$OUT"/series/0*.patch | wc -l) - 1)) patches"
 
-mapfile -t files < <(cd "$TOP" && git ls-files 'libprovider/*.cpp' 'libprovider/*.hpp' 'libprovider/*.c' 'libprovider/*.h' 2>/dev/null)
+mapfile -t files < <(cd "$TOP" && git ls-files 'libprovider/*.cpp' 'libprovider/*.hpp' 'libprovider/*.c' 'libprovider/*.h' \
+	'middleware/*.cpp' 2>/dev/null)
 if [ ${#files[@]} -gt 0 ]; then
 	if (cd "$TOP" && clang-format --dry-run --Werror "${files[@]}" 2>&1 | head -40 >&2; exit "${PIPESTATUS[0]}"); then
 		log "lint: clang-format clean on ${#files[@]} files"
@@ -42,6 +43,15 @@ if [ ${#pages[@]} -gt 0 ]; then
 		log "lint: groff warns about the man pages above"
 		rc=1
 	fi
+fi
+# memwatch_create(2)'s ERRORS against the errnos of mm/memwatch.c and of the
+# bad-input selftest.
+if out=$(python3 "$TOP/scripts/check-man-errnos.py" "$TOP"); then
+	log "lint: $out"
+else
+	printf '%s\n' "$out" >&2
+	log "lint: memwatch_create.2's ERRORS and the code disagree (above)"
+	rc=1
 fi
 # The rdma-core series: it applies with git am, and its man pages are clean.
 rc_src=$CACHE/rdma-core/lint

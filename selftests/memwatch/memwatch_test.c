@@ -20,6 +20,7 @@
 #include <sys/mman.h>
 #include <sys/shm.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -518,6 +519,23 @@ TEST_F(mw, blocking_read)
 	ASSERT_EQ(1, read_events(self->fd, &ev, 1));
 	EXPECT_EQ(9, ev.cookie);
 	pthread_join(t, NULL);
+}
+
+static void on_alarm(int sig)
+{
+}
+
+/* A signal without SA_RESTART ends a blocking read with EINTR. */
+TEST_F(mw, blocking_read_interrupted)
+{
+	struct sigaction sa = { .sa_handler = on_alarm }, old;
+	struct itimerval it = { .it_value = { .tv_usec = 100 * 1000 } };
+	struct memwatch_event ev;
+
+	ASSERT_EQ(0, sigaction(SIGALRM, &sa, &old));
+	ASSERT_EQ(0, setitimer(ITIMER_REAL, &it, NULL));
+	EXPECT_EQ(-EINTR, read_events(self->fd, &ev, 1));
+	sigaction(SIGALRM, &old, NULL);
 }
 
 /* The descriptor belongs to the mm that made it: a fork child gets EPERM. */
