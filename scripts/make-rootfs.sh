@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Make (or reuse) the guest root filesystem: Debian trixie minbase with the
-# packages of configs/guest-packages.list. Cached outside the repo, keyed by the
-# package list and this script. Prints its path.
+# packages of configs/guest-packages.list (debootstrap), then those of
+# configs/guest-packages-apt.list (apt-get in the new root). Cached outside
+# the repo, keyed by both lists and this script. Prints its path.
 . "$(dirname "$0")/lib.sh"
 
 list=$TOP/configs/guest-packages.list
+apt_list=$TOP/configs/guest-packages-apt.list
 stub=$TOP/scripts/guest/odpwatch-init
-key=$(key_of "$list" "$0" "$stub")
+key=$(key_of "$list" "$apt_list" "$0" "$stub")
 dir=$CACHE/rootfs/$GUEST_SUITE-$key
 if [ -f "$dir/.odpwatch-ready" ]; then
 	printf '%s\n' "$dir"
@@ -25,6 +27,24 @@ if ! run_with_progress "rootfs: debootstrap" "$CACHE/debootstrap.log" last_line 
 	unshare --mount --propagation private debootstrap --variant=minbase --include="$pkgs" "$GUEST_SUITE" "$tmp" "$mirror"; then
 	tail -20 "$CACHE/debootstrap.log" >&2
 	die "debootstrap failed (a package missing from $GUEST_SUITE?); log: $CACHE/debootstrap.log"
+fi
+extra=$(grep -v '^#' "$apt_list" | grep . | paste -sd' ')
+if [ -n "$extra" ]; then
+	log "rootfs: apt-get install $(wc -w <<<"$extra") packages into it"
+	# No service may start in the new root while packages are configured.
+	printf '#!/bin/sh\nexit 101\n' >"$tmp/usr/sbin/policy-rc.d"
+	chmod 0755 "$tmp/usr/sbin/policy-rc.d"
+	# shellcheck disable=SC2016 # expanded by the inner shell
+	if ! run_with_progress "rootfs: apt-get" "$CACHE/rootfs-apt.log" last_line \
+		unshare --mount --propagation private sh -c 'mount -t proc proc "$1/proc" &&
+			chroot "$1" env DEBIAN_FRONTEND=noninteractive apt-get -q update &&
+			chroot "$1" env DEBIAN_FRONTEND=noninteractive apt-get -q -y --no-install-recommends install $2' \
+		sh "$tmp" "$extra"; then
+		tail -20 "$CACHE/rootfs-apt.log" >&2
+		die "apt-get install in the root filesystem failed; log: $CACHE/rootfs-apt.log"
+	fi
+	rm -f "$tmp/usr/sbin/policy-rc.d"
+	rm -rf "$tmp"/var/lib/apt/lists/*_Packages* "$tmp"/var/lib/apt/lists/*_InRelease
 fi
 install -m 0755 "$stub" "$tmp/sbin/odpwatch-init"
 # mpirun and mpiexec start their remote daemons over ssh: a key pair for
