@@ -72,7 +72,17 @@ def stale_send(mpi, way, size, count, env, **kw):
     m = RESULT.search(out)
     assert rc == 0 and m, f"{mpi} stale_send {' '.join(args)}: status {rc}\n{out[-3000:]}"
     assert (m[1], int(m[2]), int(m[3])) == (way, size, count), m[0]
+    record(mpi, kw.get("pml", "ucx"), "on demand" if ODP.items() <= env.items() else "pinned",
+           way, size, count, int(m[4]))
     return int(m[4])
+
+
+def record(*row):
+    """One line of the matrix (run-middleware-suite.sh names the file)."""
+    path = os.environ.get("ODPWATCH_MIDDLEWARE_MATRIX")
+    if path:
+        with open(path, "a") as f:
+            f.write("\t".join(map(str, row)) + "\n")
 
 
 class OdpSampler:

@@ -261,6 +261,9 @@ struct ib_umem_odp *rxe_odp_umem_at(struct rxe_mr *mr, u64 va, bool create)
  */
 #define RXE_ODP_WALK_PAGES	512
 
+/* Walks a fault retries after collisions before its deadline can end it. */
+#define RXE_ODP_FAULT_MIN_TRIES	16
+
 /*
  * Walk @npages pages from @start, faulting if @fault, and enter the pages
  * found in the page list; returns with umem_mutex held (not on error).
@@ -276,27 +279,37 @@ static int rxe_odp_fault_batch(struct ib_umem_odp *umem_odp,
 		.hmm_pfns = pfns,
 	};
 	u64 first = (start - ib_umem_start(umem_odp)) >> PAGE_SHIFT;
+	unsigned int tries;
 	u64 i;
 	int err;
 
 	if (fault)
 		range.default_flags = HMM_PFN_REQ_FAULT |
 				      (write ? HMM_PFN_REQ_WRITE : 0);
-	for (;;) {
+	for (tries = 1;; tries++) {
 		/* hmm keeps the in/out flags of what it is given. */
 		memset(pfns, 0, npages * sizeof(*pfns));
 		err = hmm_range_fault_unlocked_timeout(&range,
 						       msecs_to_jiffies(HMM_RANGE_DEFAULT_TIMEOUT));
-		if (err)
+		if (!err) {
+			mutex_lock(&umem_odp->umem_mutex);
+			if (!mmu_interval_read_retry(&umem_odp->notifier,
+						     range.notifier_seq))
+				break;
+			mutex_unlock(&umem_odp->umem_mutex);
+			err = -EBUSY;
+		}
+		/*
+		 * Invalidated while walking, again and again: let it settle.
+		 * Time alone does not end it: a walk slow by itself (a busy
+		 * CPU, the mmap_lock held long by its owner) may pass the
+		 * deadline, and its first collision must not fail the access.
+		 */
+		if (err != -EBUSY ||
+		    (tries >= RXE_ODP_FAULT_MIN_TRIES &&
+		     time_after(jiffies, deadline)))
 			return err;
-		mutex_lock(&umem_odp->umem_mutex);
-		if (!mmu_interval_read_retry(&umem_odp->notifier,
-					     range.notifier_seq))
-			break;
-		mutex_unlock(&umem_odp->umem_mutex);
-		/* Invalidated while walking, again and again: let it settle. */
-		if (time_after(jiffies, deadline))
-			return -EBUSY;
+		cond_resched();
 	}
 	for (i = 0; i < npages; i++)
 		if (pfns[i] & HMM_PFN_VALID)
