@@ -462,9 +462,13 @@ TEST_F(ev, thp_collapse_by_madvise)
 	int ret, tries = 0;
 
 	ASSERT_NE(NULL, blk);
-	ASSERT_EQ(0, madvise(blk, HPAGE, MADV_HUGEPAGE));
+	/*
+	 * Watched before MADV_HUGEPAGE: that registers the mm with khugepaged,
+	 * which may collapse the block first (then MADV_COLLAPSE finds it done).
+	 */
 	watch_pair(&self->s, blk, HPAGE, 0, &p);
 	read_pagemap(self->page, blk, 4, before);
+	ASSERT_EQ(0, madvise(blk, HPAGE, MADV_HUGEPAGE));
 	/* EAGAIN: no huge page free at the moment (a transient failure). */
 	while ((ret = madvise(blk, HPAGE, MADV_COLLAPSE)) && errno == EAGAIN &&
 	       ++tries < 10)
