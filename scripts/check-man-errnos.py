@@ -2,9 +2,9 @@
 """The man page's ERRORS against the code, errno by errno: every errno
 mm/memwatch.c returns (and those the kernel returns for it: EINTR from an
 interruptible wait, ENFILE/EMFILE from allocating the descriptor, EBADF
-from writing to a read-only one) must be
-listed in memwatch_create(2), every listed errno must come from somewhere,
-and every errno the bad-input selftest expects must be listed.
+from writing to a read-only one) must be listed in memwatch_create(2),
+every listed errno must come from somewhere, and every errno the
+bad-input selftest expects must be listed.
    check-man-errnos.py REPO"""
 import errno
 import re
