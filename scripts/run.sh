@@ -23,6 +23,14 @@ declare -A budget=([host]=300 [materialise]=240 [kernel-std]=900 [kernel-debug]=
 	[series]=300 [lint]=120 [i386]=240 [rootfs]=300 [rdma-core]=360 [userspace]=300
 	[guest-check-std]=600 [guest-check-debug]=1200 [cluster]=600 [middleware]=900)
 budgeted() { STAGE_BUDGET=${budget[$1]:-} stage "${@:2}"; }
+# A stage on the two-guest cluster, in $OUT/$dir/SUB: node 0 runs CMD0, node 1 CMD1.
+#   two_guests BUDGET-KEY DESCRIPTION SUB CMD0 CMD1
+two_guests() {
+	mkdir -p "$OUT/$dir/$3/node0" "$OUT/$dir/$3/node1"
+	printf '%s\n' "$4" >"$OUT/$dir/$3/node0/cmd.sh"
+	printf '%s\n' "$5" >"$OUT/$dir/$3/node1/cmd.sh"
+	budgeted "$1" "$2" "$TOP/scripts/run-cluster.sh" "$dir/$3" "$(cat "$OUT/.bzimage")" "$rootfs"
+}
 
 # This run's results only: the job directory starts empty, so a file left
 # by an earlier run can never be read as this one's.
@@ -95,24 +103,20 @@ fi
 [ $vmrc = 0 ] || rc=$vmrc
 if [ "$job" = check ] && [ "$variant" = std ]; then
 	# The cluster suite: node 0 runs the tests, node 1 the responder agent.
-	mkdir -p "$OUT/$dir/cluster/node0" "$OUT/$dir/cluster/node1"
-	echo "/odpwatch/scripts/guest/run-cluster-suite.sh /out/$dir/cluster/node0" >"$OUT/$dir/cluster/node0/cmd.sh"
-	echo "cd /odpwatch/cluster-tests && python3 agent.py" >"$OUT/$dir/cluster/node1/cmd.sh"
-	budgeted cluster "cluster suite: two guests on a wire" "$TOP/scripts/run-cluster.sh" "$dir/cluster" "$(cat "$OUT/.bzimage")" "$rootfs" || true
+	two_guests cluster "cluster suite: two guests on a wire" cluster \
+		"/odpwatch/scripts/guest/run-cluster-suite.sh /out/$dir/cluster/node0" \
+		"cd /odpwatch/cluster-tests && python3 agent.py" || true
 	# The middleware suite: Debian's MPI stack on node 0 and node 1 (sshd).
-	mkdir -p "$OUT/$dir/middleware/node0" "$OUT/$dir/middleware/node1"
-	echo "/odpwatch/scripts/guest/run-middleware-suite.sh /out/$dir/middleware/node0" >"$OUT/$dir/middleware/node0/cmd.sh"
-	echo "/odpwatch/scripts/guest/wait-for-file.sh /out/$dir/middleware/node0/middleware.status" >"$OUT/$dir/middleware/node1/cmd.sh"
-	budgeted middleware "middleware suite: Debian's MPI across two guests" "$TOP/scripts/run-cluster.sh" "$dir/middleware" "$(cat "$OUT/.bzimage")" "$rootfs" || true
+	two_guests middleware "middleware suite: Debian's MPI across two guests" middleware \
+		"/odpwatch/scripts/guest/run-middleware-suite.sh /out/$dir/middleware/node0" \
+		"/odpwatch/scripts/guest/wait-for-file.sh /out/$dir/middleware/node0/middleware.status" || true
 fi
 if [ "$job" = bench ]; then
 	# perftest across the wire: node 0 measures, node 1 serves the same runs.
-	mkdir -p "$OUT/$dir/cluster/node0" "$OUT/$dir/cluster/node1"
 	b=/out/guest/bin/odpwatch
-	echo "$b bench wire --peer \$ODPWATCH_PEER $args --csv /out/$dir/wire.csv >/out/$dir/wire.md 2>/out/$dir/wire.log" \
-		>"$OUT/$dir/cluster/node0/cmd.sh"
-	echo "$b bench wire --serve $args 2>/out/$dir/wire-serve.log" >"$OUT/$dir/cluster/node1/cmd.sh"
-	budgeted cluster "bench: perftest across two guests on a wire" "$TOP/scripts/run-cluster.sh" "$dir/cluster" "$(cat "$OUT/.bzimage")" "$rootfs" || rc=1
+	two_guests cluster "bench: perftest across two guests on a wire" cluster \
+		"$b bench wire --peer \$ODPWATCH_PEER $args --csv /out/$dir/wire.csv >/out/$dir/wire.md 2>/out/$dir/wire.log" \
+		"$b bench wire --serve $args 2>/out/$dir/wire-serve.log" || rc=1
 fi
 case $job in
 check)

@@ -262,6 +262,14 @@ static double now(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* Wait up to @seconds for a kernel thread to change @w's word. */
+static void wait_for_change(struct state *st, const struct memwatch_add *w,
+			    double seconds)
+{
+	for (double t0 = now(); valid(st, w) && now() - t0 < seconds;)
+		usleep(50000);
+}
+
 /* mprotect keeps the pages: only a watch asking for PROTECTION changes. */
 TEST_F(ev, mprotect_keeps_the_pages)
 {
@@ -522,7 +530,6 @@ TEST_F_TIMEOUT(ev, thp_collapse_by_khugepaged, 150)
 	__u64 before[4], after[4];
 	char *blk = map_small_pages_block();
 	struct pair p;
-	double t0;
 
 	ASSERT_NE(NULL, blk);
 	snprintf(path, sizeof(path), "%sscan_sleep_millisecs", k);
@@ -535,8 +542,7 @@ TEST_F_TIMEOUT(ev, thp_collapse_by_khugepaged, 150)
 	read_pagemap(self->page, blk, 4, before);
 	/* MADV_HUGEPAGE makes the block eligible and registers the mm. */
 	ASSERT_EQ(0, madvise(blk, HPAGE, MADV_HUGEPAGE));
-	for (t0 = now(); valid(&self->s, &p.w[DEFAULT]) && now() - t0 < 120;)
-		usleep(50000);
+	wait_for_change(&self->s, &p.w[DEFAULT], 120);
 	read_pagemap(self->page, blk, 4, after);
 	collect(&self->s);
 	ASSERT_FALSE(valid(&self->s, &p.w[DEFAULT]))
@@ -554,7 +560,6 @@ TEST_F_TIMEOUT(ev, ksm_merge, 150)
 	__u64 before[3], after[3];
 	char *buf = map_touched(self->page, 3);
 	struct pair p, unique;
-	double t0;
 
 	ASSERT_NE(NULL, buf);
 	memset(buf, 0x5a, 2 * self->page);	/* pages 0 and 1 equal */
@@ -568,8 +573,7 @@ TEST_F_TIMEOUT(ev, ksm_merge, 150)
 	watch_pair(&self->s, buf + 2 * self->page, self->page, 1, &unique);
 	read_pagemap(self->page, buf, 3, before);
 	ASSERT_EQ(0, madvise(buf, 3 * self->page, MADV_MERGEABLE));
-	for (t0 = now(); valid(&self->s, &p.w[DEFAULT]) && now() - t0 < 120;)
-		usleep(50000);
+	wait_for_change(&self->s, &p.w[DEFAULT], 120);
 	read_pagemap(self->page, buf, 3, after);
 	collect(&self->s);
 	ASSERT_FALSE(valid(&self->s, &p.w[DEFAULT]))
@@ -966,45 +970,6 @@ TEST(memcg_limit_during_add)
 	EXPECT_EQ(ENOSPC, errno);
 	close(fd);
 	munmap(buf, 65 * page);
-}
-
-static int send_fd(int sock, int fd)
-{
-	char buf[CMSG_SPACE(sizeof(int))] = { 0 };
-	char c = 0;
-	struct iovec iov = { .iov_base = &c, .iov_len = 1 };
-	struct msghdr msg = {
-		.msg_iov = &iov, .msg_iovlen = 1,
-		.msg_control = buf, .msg_controllen = sizeof(buf),
-	};
-	struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-
-	cm->cmsg_level = SOL_SOCKET;
-	cm->cmsg_type = SCM_RIGHTS;
-	cm->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-	return sendmsg(sock, &msg, 0) == 1 ? 0 : -1;
-}
-
-static int recv_fd(int sock)
-{
-	char buf[CMSG_SPACE(sizeof(int))] = { 0 };
-	char c;
-	struct iovec iov = { .iov_base = &c, .iov_len = 1 };
-	struct msghdr msg = {
-		.msg_iov = &iov, .msg_iovlen = 1,
-		.msg_control = buf, .msg_controllen = sizeof(buf),
-	};
-	struct cmsghdr *cm;
-	int fd;
-
-	if (recvmsg(sock, &msg, 0) != 1)
-		return -1;
-	cm = CMSG_FIRSTHDR(&msg);
-	if (!cm || cm->cmsg_type != SCM_RIGHTS)
-		return -1;
-	memcpy(&fd, CMSG_DATA(cm), sizeof(int));
-	return fd;
 }
 
 /*

@@ -756,35 +756,6 @@ TEST(lifetime_is_the_files)
 	munmap(buf, 2 * page);
 }
 
-static int send_fd(int sock, int fd)
-{
-	char c = 0, ctl[CMSG_SPACE(sizeof(int))] = { 0 };
-	struct iovec iov = { .iov_base = &c, .iov_len = 1 };
-	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1,
-			      .msg_control = ctl, .msg_controllen = sizeof(ctl) };
-	struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-
-	cm->cmsg_level = SOL_SOCKET;
-	cm->cmsg_type = SCM_RIGHTS;
-	cm->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-	return sendmsg(sock, &msg, 0) == 1 ? 0 : -1;
-}
-
-static int recv_fd(int sock)
-{
-	char c, ctl[CMSG_SPACE(sizeof(int))];
-	struct iovec iov = { .iov_base = &c, .iov_len = 1 };
-	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1,
-			      .msg_control = ctl, .msg_controllen = sizeof(ctl) };
-	int fd;
-
-	if (recvmsg(sock, &msg, 0) != 1 || !CMSG_FIRSTHDR(&msg))
-		return -1;
-	memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&msg)), sizeof(int));
-	return fd;
-}
-
 /*
  * A descriptor passed over a unix socket is useless while its creator
  * lives (EPERM); when the creator exits, its watches report RELEASE and the
