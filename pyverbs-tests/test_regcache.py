@@ -22,13 +22,53 @@ BINARY = "/out/guest/bin/regcache-test"
 CASES = ["reuse-pinned", "reuse-explicit-odp", "reuse-implicit-odp",
          "ways-to-free-pinned", "ways-to-free-explicit-odp", "ways-to-free-implicit-odp",
          "threads-pinned", "threads-explicit-odp", "threads-implicit-odp",
-         "limits", "implicit-max-bytes", "events", "bad-input", "no-memwatch"]
+         "limits", "implicit-max-bytes", "events", "bad-input", "no-memwatch",
+         "overlap-pinned", "overlap-explicit-odp", "memlock-retry", "fork-child",
+         "default-limits", "eviction-order", "churn"]
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_regcache(case):
     r = subprocess.run([BINARY, case], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and f"ok 1 {case}" in r.stdout, r.stdout + r.stderr
+
+
+# The cases where threads, references and lifetimes meet, again in the
+# builds with ThreadSanitizer and with AddressSanitizer+UBSan (the library's
+# sources built in): any report fails.
+SANITIZED = ["threads-pinned", "threads-explicit-odp", "threads-implicit-odp", "churn",
+             "overlap-pinned", "overlap-explicit-odp", "limits", "eviction-order", "events",
+             "reuse-pinned", "ways-to-free-pinned", "memlock-retry", "fork-child", "bad-input"]
+SANITIZER_ENV = {
+    "tsan": {"TSAN_OPTIONS": "halt_on_error=1:exitcode=66:second_deadlock_stack=1"},
+    "asan": {"ASAN_OPTIONS": "detect_leaks=1:halt_on_error=1:exitcode=66",
+             "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"},
+}
+SANITIZER_REPORT = re.compile(r"WARNING: ThreadSanitizer|ERROR: (Address|Leak)Sanitizer|"
+                              r"runtime error:")
+
+
+def run_sanitized(san, args):
+    return subprocess.run([f"{BINARY}-{san}", *args], capture_output=True, text=True,
+                          timeout=900, env={**os.environ, **SANITIZER_ENV[san]})
+
+
+@pytest.mark.parametrize("san", ["tsan", "asan"])
+def test_regcache_sanitized(san):
+    r = run_sanitized(san, SANITIZED)
+    out = r.stdout + r.stderr
+    report = SANITIZER_REPORT.search(out)
+    assert not report, out[max(0, report.start() - 200):report.start() + 3000]
+    assert r.returncode == 0 and out.count("\nok ") == len(SANITIZED), out
+
+
+@pytest.mark.parametrize("san,want", [("tsan", "WARNING: ThreadSanitizer: data race"),
+                                      ("asan", "ERROR: AddressSanitizer: heap-use-after-free")])
+def test_sanitizer_builds_report(san, want):
+    """The canary's race and use after free are reported: the sanitizer is
+    really in the build the test above calls clean."""
+    r = run_sanitized(san, ["--canary"])
+    assert r.returncode == 66 and want in r.stderr, r.stdout + r.stderr
 
 
 def test_every_case_runs_here():

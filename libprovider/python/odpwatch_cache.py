@@ -25,7 +25,8 @@ class CacheAttr(ctypes.Structure):
 class CacheStats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "hits", "misses", "invalidations", "evictions", "registrations",
-        "deregistrations", "entries", "bytes", "in_use")] + [("reserved", ctypes.c_uint64 * 3)]
+        "deregistrations", "entries", "bytes", "in_use", "max_entries", "max_bytes",
+        "merges", "retries")] + [("reserved", ctypes.c_uint64 * 6)]
 
 
 class IbvMr(ctypes.Structure):

@@ -14,8 +14,12 @@
  *    range whose mapping changed (munmap, madvise, mremap) is found invalid
  *    with one load and registered again, never handed out.
  * ODPWATCH_CACHE_AUTO picks the first the device supports, in that order.
+ * Overlapping gets of one pd and access share one registration of their
+ * union.
  *
- * Thread-safe. Functions return 0 or a negative errno value.
+ * Thread-safe. Functions return 0 or a negative errno value; in a child of
+ * fork() -EPERM (the registrations are the parent's), but destroy, which
+ * forgets the cache there. See odpwatch_cache_create(3).
  */
 #ifndef ODPWATCH_REGCACHE_H
 #define ODPWATCH_REGCACHE_H
@@ -40,8 +44,8 @@ enum odpwatch_cache_policy {
 struct odpwatch_cache_attr {
 	uint32_t policy;      /* enum odpwatch_cache_policy */
 	uint32_t flags;	      /* must be 0 */
-	uint64_t max_entries; /* registrations kept; 0: no limit */
-	uint64_t max_bytes;   /* bytes they cover; 0: no limit */
+	uint64_t max_entries; /* registrations kept; 0: 1024, UINT64_MAX: no limit */
+	uint64_t max_bytes;   /* bytes they cover; 0: a quarter of the memory */
 	uint64_t reserved[4]; /* must be 0 */
 };
 
@@ -55,14 +59,18 @@ struct odpwatch_cache_stats {
 	uint64_t entries;	  /* registrations held now */
 	uint64_t bytes;		  /* bytes they cover */
 	uint64_t in_use;	  /* entries with a reference */
-	uint64_t reserved[3];
+	uint64_t max_entries;	  /* the limits in effect */
+	uint64_t max_bytes;
+	uint64_t merges;  /* entries replaced by one covering their union */
+	uint64_t retries; /* registrations retried after dropping unused ones */
+	uint64_t reserved[6];
 };
 
 struct odpwatch_cache;
 /* A reference to a cached registration, from odpwatch_cache_get(). */
 struct odpwatch_cache_reg;
 
-/* attr may be NULL (auto policy, no limits). */
+/* attr may be NULL (auto policy, default limits). */
 ODPWATCH_API int odpwatch_cache_create(const struct odpwatch_cache_attr *attr,
 				       struct odpwatch_cache **cache);
 /* Fails with -EBUSY while references are held. */
