@@ -5,10 +5,19 @@
 // the memwatch word, an atomic reference. Misses, invalidation and eviction
 // take it exclusive; registration runs outside it, deregistration on the
 // cache's reaper thread.
+//
+// Overlapping gets of one pd and access merge, as in UCX's ucs_rcache: the
+// new registration covers their union and replaces the entries it overlaps,
+// so no two cached MRs pin the same pages (each would be charged to
+// RLIMIT_MEMLOCK) and a sliding window keeps one entry. libfabric purges the
+// overlapped entries instead, which keeps each registration as small as its
+// request but registers again for every shifted window.
 #include "regcache.hpp"
 
+#include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <limits>
 #include <mutex>
@@ -21,8 +30,28 @@ namespace odpwatch
 namespace
 {
 constexpr uint32_t entry_magic = 0x6f647063; // "odpc"
-// How many entries below a range's start a lookup checks for one holding it.
-constexpr int containing_window = 8;
+constexpr uintptr_t no_end = std::numeric_limits<uintptr_t>::max();
+
+// Bumped in every child of fork(): a cache made before belongs to the parent.
+std::atomic<uint64_t> fork_generation{0};
+uint64_t current_fork_generation()
+{
+	static const bool registered = [] {
+		pthread_atfork(nullptr, nullptr, [] { fork_generation++; });
+		return true;
+	}();
+	(void)registered;
+	return fork_generation.load(std::memory_order_relaxed);
+}
+
+RegCache::Limits resolve_limits(RegCache::Limits l)
+{
+	if (!l.max_entries)
+		l.max_entries = RegCache::default_max_entries;
+	if (!l.max_bytes)
+		l.max_bytes = uint64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / 4;
+	return l;
+}
 
 uintptr_t page_size()
 {
@@ -50,13 +79,22 @@ struct RegCache::Entry {
 	verbs::Mr mr;
 	std::optional<Memwatch::Watch> watch;
 	std::atomic<uint32_t> refs{0};
-	std::atomic<uint64_t> last_use{0};
+	std::atomic<bool> used{false};	  // hit since eviction last looked
 	std::atomic<bool> retired{false}; // out of the map, freed at the last put
+	std::list<Entry *>::iterator lru_pos;
 	// What it pins: an implicit ODP MR covers everything and pins nothing.
 	uint64_t bytes() const { return policy == Policy::ImplicitOdp ? 0 : key.end - key.start; }
 };
 
-RegCache::RegCache(Policy policy, Limits limits) : policy_(policy), limits_(limits) {}
+RegCache::RegCache(Policy policy, Limits limits)
+    : policy_(policy), limits_(resolve_limits(limits)), fork_generation_(current_fork_generation())
+{
+}
+
+bool RegCache::owned() const noexcept
+{
+	return fork_generation_ == fork_generation.load(std::memory_order_relaxed);
+}
 
 RegCache::~RegCache()
 {
@@ -83,23 +121,55 @@ bool RegCache::fresh(const Entry *e) const noexcept
 	return !e->watch || mw_->valid(*e->watch);
 }
 
-// The entry for exactly this key, else one nearby that holds the range with
-// at least its access. Under mu_, either way.
+// The entry of k's pd and access holding [k.start, k.end): the last one
+// starting at or below k.start, as the group's ranges never overlap.
+RegCache::Entry *RegCache::containing(const Key &k) const
+{
+	auto it = entries_.upper_bound(Key{k.pd, k.access, k.start, no_end});
+	if (it == entries_.begin())
+		return nullptr;
+	--it;
+	const Key &c = it->first;
+	return c.same_group(k) && c.start <= k.start && c.end >= k.end ? it->second.get() : nullptr;
+}
+
+// An entry holding k's range with k's access, else with more access (one
+// look per other access of the pd, a handful at most). Under mu_, either way.
 RegCache::Entry *RegCache::lookup(const Key &k) const
 {
-	if (auto it = entries_.find(k); it != entries_.end())
-		return it->second.get();
-	auto it = entries_.upper_bound(
-		Key{k.pd, k.start, std::numeric_limits<uintptr_t>::max(), ~0u});
-	for (int i = 0; i < containing_window && it != entries_.begin(); i++) {
-		--it;
-		const Key &c = it->first;
-		if (c.pd != k.pd)
+	if (Entry *e = containing(k))
+		return e;
+	for (auto it = entries_.lower_bound(Key{k.pd, 0, 0, 0});
+	     it != entries_.end() && it->first.pd == k.pd;) {
+		const unsigned a = it->first.access;
+		if (a != k.access && (a & k.access) == k.access)
+			if (Entry *e = containing(Key{k.pd, a, k.start, k.end}))
+				return e;
+		if (a == std::numeric_limits<unsigned>::max())
 			break;
-		if (c.start <= k.start && c.end >= k.end && (c.access & k.access) == k.access)
-			return it->second.get();
+		it = entries_.lower_bound(Key{k.pd, a + 1, 0, 0});
 	}
 	return nullptr;
+}
+
+// The fresh entries of k's pd and access that overlap [k.start, k.end);
+// stale ones met on the way are dropped. Exclusive lock held.
+std::vector<RegCache::Entry *> RegCache::overlapping(const Key &k, Graveyard &dead)
+{
+	std::vector<Entry *> found;
+	auto it = entries_.upper_bound(Key{k.pd, k.access, k.start, no_end});
+	if (it != entries_.begin()) {
+		auto prev = std::prev(it);
+		if (prev->first.same_group(k) && prev->first.end > k.start)
+			it = prev;
+	}
+	while (it != entries_.end() && it->first.same_group(k) && it->first.start < k.end) {
+		Entry *e = it->second.get();
+		++it; // before e may leave the map
+		if (!drop_if_stale(e, dead))
+			found.push_back(e);
+	}
+	return found;
 }
 
 Policy RegCache::resolve(ibv_pd *pd)
@@ -161,6 +231,46 @@ std::unique_ptr<RegCache::Entry> RegCache::make_entry(const Key &k, Policy polic
 	}
 	registrations_++;
 	return e;
+}
+
+// make_entry(), and when the kernel refuses for memory (RLIMIT_MEMLOCK,
+// ENOMEM; EAGAIN), once more after every unused registration is dropped and
+// deregistered, as libfabric's cache does. Outside the lock.
+std::unique_ptr<RegCache::Entry> RegCache::register_range(const Key &k, Policy policy,
+							  Graveyard &dead)
+{
+	try {
+		return make_entry(k, policy);
+	} catch (const verbs::Error &e) {
+		if (e.err() != ENOMEM && e.err() != EAGAIN)
+			throw;
+	}
+	{
+		std::unique_lock lock(mu_);
+		for (auto it = lru_.begin(); it != lru_.end();) {
+			Entry *e = *it++;
+			if (e->refs.load() == 0) {
+				invalidate(e, dead);
+				evictions_++;
+			}
+		}
+	}
+	dead.reap_now();
+	flush();
+	retries_++;
+	return make_entry(k, policy);
+}
+
+// A fresh entry into the cache, in use once (exclusive lock held).
+void RegCache::insert(std::unique_ptr<Entry> e)
+{
+	e->refs = 1;
+	if (e->watch)
+		by_watch_.emplace(e->watch->id, e.get());
+	bytes_ += e->bytes();
+	e->lru_pos = lru_.insert(lru_.end(), e.get());
+	const Key k = e->key;
+	entries_.emplace(k, std::move(e));
 }
 
 void RegCache::destroy(std::unique_ptr<Entry> e) noexcept
@@ -230,6 +340,7 @@ void RegCache::invalidate(Entry *e, Graveyard &dead)
 	auto it = entries_.find(e->key);
 	auto owned = std::move(it->second);
 	entries_.erase(it);
+	lru_.erase(e->lru_pos);
 	bytes_ -= e->bytes();
 	if (e->watch)
 		by_watch_.erase(e->watch->id);
@@ -241,24 +352,24 @@ void RegCache::invalidate(Entry *e, Graveyard &dead)
 	}
 }
 
-// Drop least recently used unused entries until within the limits
-// (exclusive lock held). Referenced entries are never dropped: the cache
-// may stay above its limits while they are in use.
+// Drop unused entries, least recently used first, until within the limits
+// (exclusive lock held): the oldest entry goes unless it is referenced or
+// was hit since, which sends it to the back with its used bit cleared. Each
+// victim costs O(1) amortized; two rounds find none only when every entry is
+// referenced, and referenced entries are never dropped: the cache may stay
+// above its limits while they are in use.
 void RegCache::evict(Graveyard &dead)
 {
 	auto over = [&] {
-		return (limits_.max_entries && entries_.size() > limits_.max_entries) ||
-		       (limits_.max_bytes && bytes_ > limits_.max_bytes);
+		return entries_.size() > limits_.max_entries || bytes_ > limits_.max_bytes;
 	};
-	while (over()) {
-		Entry *victim = nullptr;
-		for (auto &[k, e] : entries_)
-			if (e->refs.load() == 0 &&
-			    (!victim || e->last_use.load() < victim->last_use.load()))
-				victim = e.get();
-		if (!victim)
-			break;
-		invalidate(victim, dead);
+	for (size_t budget = 2 * lru_.size(); over() && budget; budget--) {
+		Entry *e = lru_.front();
+		if (e->refs.load() || e->used.exchange(false)) {
+			lru_.splice(lru_.end(), lru_, lru_.begin());
+			continue;
+		}
+		invalidate(e, dead);
 		evictions_++;
 	}
 	// Still over: the next put that frees an entry evicts again.
@@ -279,7 +390,8 @@ bool RegCache::drop_if_stale(Entry *e, Graveyard &dead)
 RegCache::Entry *RegCache::take(Entry *e)
 {
 	e->refs++;
-	e->last_use = ++clock_;
+	if (!e->used.load(std::memory_order_relaxed)) // no store on a hot entry
+		e->used.store(true, std::memory_order_relaxed);
 	hits_++;
 	return e;
 }
@@ -318,8 +430,8 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 		throw verbs::Error("odpwatch_cache_get", EINVAL);
 	auto key_for = [&](Policy p) {
 		if (p == Policy::ImplicitOdp)
-			return Key{pd, 0, std::numeric_limits<uintptr_t>::max(), access};
-		return Key{pd, a & ~(page - 1), (a + len + page - 1) & ~(page - 1), access};
+			return Key{pd, access, 0, no_end};
+		return Key{pd, access, a & ~(page - 1), (a + len + page - 1) & ~(page - 1)};
 	};
 
 	// The hit path: one shared section for the PD's policy and the entry.
@@ -333,9 +445,15 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 	const Policy policy = for_access(resolve(pd), access);
 	const Key k = key_for(policy);
 
+	// A miss registers the union of k and the entries it overlaps (outside
+	// the lock), then checks again: an entry holding k may have appeared,
+	// or new overlapping ones, or the mapping may have changed meanwhile.
 	Graveyard dead(*this); // declared first: destroys after the lock is gone
 	std::unique_ptr<Entry> fresh_entry;
-	Entry *result = nullptr;
+	Key want = k;
+	// Cleared when the union cannot be registered (a neighbour's pages went
+	// away meanwhile): then k alone replaces what it overlaps (a purge).
+	bool merge = true;
 	for (;;) {
 		{
 			std::unique_lock lock(mu_);
@@ -344,31 +462,44 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 			if (e && drop_if_stale(e, dead))
 				e = nullptr;
 			if (e) {
-				result = take(e); // another thread registered it meanwhile
-			} else if (fresh_entry && fresh(fresh_entry.get())) {
-				result = fresh_entry.get();
-				result->refs = 1;
-				result->last_use = ++clock_;
-				if (result->watch)
-					by_watch_.emplace(result->watch->id, result);
-				bytes_ += result->bytes();
-				entries_.emplace(k, std::move(fresh_entry));
+				if (fresh_entry)
+					dead.add(std::move(fresh_entry));
+				return take(e); // another thread registered it meanwhile
+			}
+			auto over = overlapping(want, dead);
+			Key u = want;
+			for (Entry *o : over) {
+				if (!merge)
+					break;
+				u.start = std::min(u.start, o->key.start);
+				u.end = std::max(u.end, o->key.end);
+			}
+			if (fresh_entry && u == fresh_entry->key && fresh(fresh_entry.get())) {
+				for (Entry *o : over) {
+					invalidate(o, dead); // the new entry covers it
+					merged_++;
+				}
+				Entry *result = fresh_entry.get();
+				insert(std::move(fresh_entry));
 				misses_++;
 				evict(dead);
-			} else if (policy == Policy::Pinned && !mw_) {
-				mw_ = std::make_unique<Memwatch>();
+				return result;
 			}
+			if (policy == Policy::Pinned && !mw_)
+				mw_ = std::make_unique<Memwatch>();
+			want = u;
 		}
-		if (result)
-			break;
-		// The mapping changed while it was being registered: again.
 		if (fresh_entry)
 			dead.add(std::move(fresh_entry));
-		fresh_entry = make_entry(k, policy);
+		try {
+			fresh_entry = register_range(want, policy, dead);
+		} catch (const verbs::Error &) {
+			if (want == k)
+				throw;
+			merge = false;
+			want = k;
+		}
 	}
-	if (fresh_entry)
-		dead.add(std::move(fresh_entry));
-	return result;
 }
 
 // The shared lock keeps e alive while its flags are read: only exclusive
@@ -409,9 +540,13 @@ odpwatch_cache_stats RegCache::stats() const
 	s.evictions = evictions_;
 	s.registrations = registrations_;
 	s.deregistrations = deregistrations_;
+	s.retries = retries_;
 	std::shared_lock lock(mu_);
 	s.entries = entries_.size();
 	s.bytes = bytes_;
+	s.max_entries = limits_.max_entries;
+	s.max_bytes = limits_.max_bytes;
+	s.merges = merged_;
 	for (auto &[k, e] : entries_)
 		s.in_use += e->refs.load() != 0;
 	s.in_use += retired_.size();
@@ -454,6 +589,14 @@ template <class F> int guarded(F &&f)
 	}
 }
 
+// A child of fork() shares the parent's device file: deregistering there
+// would remove the parent's MRs, and the cache's locks and thread may be in
+// any state. Every call but destroy fails there.
+bool foreign(const odpwatch_cache *cache)
+{
+	return !cache->cache.owned();
+}
+
 bool attr_valid(const odpwatch_cache_attr *attr)
 {
 	if (!attr)
@@ -483,6 +626,8 @@ int odpwatch_cache_destroy(struct odpwatch_cache *cache)
 {
 	if (!cache)
 		return -EINVAL;
+	if (foreign(cache))
+		return 0; // forgotten: the memory is this process's copy, the MRs the parent's
 	return guarded([&] {
 		if (cache->cache.in_use())
 			return -EBUSY;
@@ -496,6 +641,8 @@ int odpwatch_cache_get(struct odpwatch_cache *cache, struct ibv_pd *pd, void *ad
 {
 	if (!cache || !reg)
 		return -EINVAL;
+	if (foreign(cache))
+		return -EPERM;
 	return guarded([&] {
 		*reg = reinterpret_cast<odpwatch_cache_reg *>(
 			cache->cache.get(pd, addr, len, access));
@@ -508,6 +655,8 @@ int odpwatch_cache_put(struct odpwatch_cache *cache, struct odpwatch_cache_reg *
 	auto *e = reinterpret_cast<RegCache::Entry *>(reg);
 	if (!cache || !RegCache::is_entry(e))
 		return -EINVAL;
+	if (foreign(cache))
+		return -EPERM;
 	return guarded([&] { return cache->cache.put(e) ? 0 : -EINVAL; });
 }
 
@@ -525,6 +674,8 @@ int odpwatch_cache_policy_of(struct odpwatch_cache *cache, struct ibv_pd *pd)
 {
 	if (!cache || !pd)
 		return -EINVAL;
+	if (foreign(cache))
+		return -EPERM;
 	return guarded([&] { return static_cast<int>(cache->cache.policy_of(pd)); });
 }
 
@@ -532,6 +683,8 @@ int odpwatch_cache_query(struct odpwatch_cache *cache, struct odpwatch_cache_sta
 {
 	if (!cache || !stats)
 		return -EINVAL;
+	if (foreign(cache))
+		return -EPERM;
 	return guarded([&] {
 		*stats = cache->cache.stats();
 		return 0;
@@ -542,6 +695,8 @@ int odpwatch_cache_flush(struct odpwatch_cache *cache)
 {
 	if (!cache)
 		return -EINVAL;
+	if (foreign(cache))
+		return -EPERM;
 	return guarded([&] {
 		cache->cache.flush();
 		return 0;
@@ -552,6 +707,8 @@ int odpwatch_cache_event_fd(struct odpwatch_cache *cache)
 {
 	if (!cache)
 		return -EINVAL;
+	if (foreign(cache))
+		return -EPERM;
 	return guarded([&] {
 		int fd = cache->cache.event_fd();
 		return fd < 0 ? -ENOENT : fd;
@@ -562,6 +719,8 @@ int odpwatch_cache_process_events(struct odpwatch_cache *cache)
 {
 	if (!cache)
 		return -EINVAL;
+	if (foreign(cache))
+		return -EPERM;
 	return guarded([&] { return static_cast<int>(cache->cache.process_events()); });
 }
 

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <list>
 #include <map>
 #include <memory>
 #include <shared_mutex>
@@ -33,10 +34,12 @@ class RegCache
 {
 public:
 	struct Entry;
+	// 0 takes the default, UINT64_MAX is no limit.
 	struct Limits {
-		uint64_t max_entries = 0; // 0: no limit
+		uint64_t max_entries = 0;
 		uint64_t max_bytes = 0;
 	};
+	static constexpr uint64_t default_max_entries = 1024; // as libfabric's cache
 
 	RegCache(Policy policy, Limits limits);
 	RegCache(const RegCache &) = delete;
@@ -59,14 +62,19 @@ public:
 	int event_fd() const;
 	// Drops the entries memwatch reports changed; returns how many.
 	size_t process_events();
+	// False in a child of fork(): the registrations are the parent's.
+	bool owned() const noexcept;
 
 private:
+	// Ordered by (pd, access, start): the entries of one pd and access are
+	// a sorted run of ranges that never overlap.
 	struct Key {
 		ibv_pd *pd;
+		unsigned access;
 		uintptr_t start;
 		uintptr_t end;
-		unsigned access;
 		auto operator<=>(const Key &) const = default;
+		bool same_group(const Key &o) const { return pd == o.pd && access == o.access; }
 	};
 	// Entries to destroy once the lock is dropped, on every way out: they
 	// go to the reaper.
@@ -78,6 +86,7 @@ private:
 		Graveyard &operator=(const Graveyard &) = delete;
 		~Graveyard() { c_.reap(dead_); }
 		void add(std::unique_ptr<Entry> e) { dead_.push_back(std::move(e)); }
+		void reap_now() { c_.reap(dead_); }
 
 	private:
 		RegCache &c_;
@@ -85,9 +94,13 @@ private:
 	};
 
 	Entry *lookup(const Key &k) const;
+	Entry *containing(const Key &k) const;
+	std::vector<Entry *> overlapping(const Key &k, Graveyard &dead);
 	bool fresh(const Entry *e) const noexcept;
 	Policy resolve(ibv_pd *pd);
 	std::unique_ptr<Entry> make_entry(const Key &k, Policy policy);
+	std::unique_ptr<Entry> register_range(const Key &k, Policy policy, Graveyard &dead);
+	void insert(std::unique_ptr<Entry> e);
 	void invalidate(Entry *e, Graveyard &dead);
 	bool drop_if_stale(Entry *e, Graveyard &dead);
 	Entry *take(Entry *e);
@@ -101,8 +114,12 @@ private:
 
 	const Policy policy_;
 	const Limits limits_;
+	const uint64_t fork_generation_;
 	mutable std::shared_mutex mu_;
 	std::map<Key, std::unique_ptr<Entry>> entries_;
+	// Every cached entry, oldest use first; a hit only sets the entry's
+	// used bit, eviction gives such an entry a second chance (CLOCK).
+	std::list<Entry *> lru_;
 	std::unordered_map<Entry *, std::unique_ptr<Entry>> retired_; // stale, still referenced
 	std::unordered_map<uint32_t, Entry *> by_watch_;
 	std::map<ibv_pd *, Policy> pd_policy_;
@@ -116,8 +133,8 @@ private:
 	std::jthread reaper_; // started with the first dropped registration
 
 	std::atomic<bool> over_limit_{false};
-	std::atomic<uint64_t> clock_{0};
 	std::atomic<uint64_t> hits_{0}, misses_{0}, invalidations_{0}, evictions_{0};
+	std::atomic<uint64_t> merged_{0}, retries_{0};
 	std::atomic<uint64_t> registrations_{0}, deregistrations_{0};
 };
 
