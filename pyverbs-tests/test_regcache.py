@@ -24,7 +24,9 @@ CASES = ["reuse-pinned", "reuse-explicit-odp", "reuse-implicit-odp",
          "threads-pinned", "threads-explicit-odp", "threads-implicit-odp",
          "limits", "implicit-max-bytes", "events", "bad-input", "no-memwatch",
          "overlap-pinned", "overlap-explicit-odp", "memlock-retry", "fork-child",
-         "default-limits", "eviction-order", "churn"]
+         "default-limits", "eviction-order", "churn", "more-ways-to-free-pinned",
+         "more-ways-to-free-explicit-odp", "more-ways-to-free-implicit-odp", "huge-pages-pinned",
+         "huge-pages-explicit-odp", "failed-registration"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -8,6 +8,7 @@
 
 #include <odpwatch/regcache.h>
 
+#include <fcntl.h>
 #include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -15,6 +16,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/shm.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,6 +27,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <stdexcept>
@@ -198,6 +201,193 @@ void ways_to_free(int policy)
 			throw Failure(std::string("after ") + name +
 				      ", the peer got the old bytes");
 	}
+}
+
+// Ways of replacing a buffer's pages that are not munmap, each from a buffer
+// set up for it: the peer must get the new bytes every time.
+struct Way {
+	const char *name;
+	std::function<void *(void *at)> make;	// maps buf_len at at, returns it
+	std::function<void(void *at)> replace;	// new pages (zeros) there
+	std::function<void(void *at)> teardown; // unmaps
+};
+
+int memfd_at(void *at)
+{
+	int fd = memfd_create("regcache-test", 0);
+	CHECK(fd >= 0);
+	CHECK_RC(ftruncate(fd, buf_len), 0);
+	CHECK(mmap(at, buf_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0) ==
+	      at);
+	return fd;
+}
+
+void more_ways_to_free(int policy)
+{
+	Peer p;
+	Cache c(policy);
+	std::map<void *, int> fds; // memfd of each slot
+	auto anon = [](void *at) {
+		CHECK(mmap(at, buf_len, PROT_READ | PROT_WRITE,
+			   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0) == at);
+		return at;
+	};
+	auto shm = [](void *at) {
+		int id = shmget(IPC_PRIVATE, buf_len, IPC_CREAT | 0600);
+		CHECK(id >= 0);
+		void *got = shmat(id, at, 0);
+		shmctl(id, IPC_RMID, nullptr); // gone at the last detach
+		CHECK(got == at);
+		return at;
+	};
+	auto memfd = [&](void *at) {
+		fds[at] = memfd_at(at);
+		return at;
+	};
+	auto unmap = [](void *at) { munmap(at, buf_len); };
+	auto unmap_memfd = [&](void *at) {
+		munmap(at, buf_len);
+		close(fds[at]);
+	};
+	const Way ways[] = {
+		{"mmap(MAP_FIXED) over it", anon,
+		 [](void *at) {
+			 CHECK(mmap(at, buf_len, PROT_READ | PROT_WRITE,
+				    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == at);
+		 },
+		 unmap},
+		{"shmdt, another segment attached there", shm,
+		 [&](void *at) {
+			 CHECK_RC(shmdt(at), 0);
+			 shm(at);
+		 },
+		 [](void *at) { shmdt(at); }},
+		{"memfd ftruncate to 0 and back", memfd,
+		 [&](void *at) {
+			 CHECK_RC(ftruncate(fds[at], 0), 0);
+			 CHECK_RC(ftruncate(fds[at], buf_len), 0);
+		 },
+		 unmap_memfd},
+		{"memfd fallocate(PUNCH_HOLE)", memfd,
+		 [&](void *at) {
+			 CHECK_RC(fallocate(fds[at], FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+					    buf_len),
+				  0);
+		 },
+		 unmap_memfd},
+		{"madvise(MADV_REMOVE) on a memfd", memfd,
+		 [](void *at) { CHECK_RC(madvise(at, buf_len, MADV_REMOVE), 0); }, unmap_memfd},
+	};
+	int slot = 52;
+	for (const auto &w : ways) {
+		void *at = w.make(slot_address(slot++));
+		std::memset(at, 'A', buf_len);
+		p.send_range(c.c, static_cast<std::byte *>(at), buf_len);
+		w.replace(at);
+		CHECK(std::all_of(static_cast<std::byte *>(at),
+				  static_cast<std::byte *>(at) + buf_len,
+				  [](std::byte b) { return b == std::byte(0); }));
+		std::memset(at, 'B', buf_len);
+		std::memset(p.dst.data(), 0, buf_len);
+		odpwatch_cache_reg *r = nullptr;
+		CHECK_RC(odpwatch_cache_get(c.c, p.pd.get(), at, buf_len, local_access, &r), 0);
+		auto st = p.qp.rdma_write(odpwatch_cache_reg_mr(r), at, buf_len, p.dst_mr.get(),
+					  p.dst.data());
+		CHECK_RC(odpwatch_cache_put(c.c, r), 0);
+		CHECK(st == IBV_WC_SUCCESS);
+		if (!p.received('B'))
+			throw Failure(std::string("after ") + w.name +
+				      ", the peer got the old bytes");
+		w.teardown(at);
+		std::printf("# %s: new bytes sent\n", w.name);
+	}
+}
+
+// Huge pages: a hugetlb page replaced whole, and a THP-backed 4 MiB buffer
+// whose upper 2 MiB is dropped with MADV_DONTNEED on the 2 MiB boundary.
+void huge_pages(int policy)
+{
+	constexpr size_t huge = 2 << 20;
+	Peer p;
+	Cache c(policy);
+	verbs::Mapping land(2 * huge);
+	auto land_mr = verbs::reg_mr(p.pd.get(), land.data(), land.size(),
+				     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	auto send = [&](std::byte *at, size_t len) {
+		std::memset(land.data(), 0, len);
+		odpwatch_cache_reg *r = nullptr;
+		CHECK_RC(odpwatch_cache_get(c.c, p.pd.get(), at, len, local_access, &r), 0);
+		auto st = p.qp.rdma_write(odpwatch_cache_reg_mr(r), at, len, land_mr.get(),
+					  land.data());
+		CHECK_RC(odpwatch_cache_put(c.c, r), 0);
+		CHECK(st == IBV_WC_SUCCESS);
+		CHECK(std::memcmp(land.data(), at, len) == 0);
+	};
+
+	auto *h = static_cast<std::byte *>(slot_address(60));
+	CHECK(mmap(h, huge, PROT_READ | PROT_WRITE,
+		   MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB | MAP_FIXED_NOREPLACE, -1, 0) == h);
+	std::memset(h, 'h', huge);
+	send(h, huge);
+	CHECK_RC(madvise(h, huge, MADV_DONTNEED), 0);
+	std::memset(h, 'H', huge);
+	send(h, huge);
+	munmap(h, huge);
+	std::printf("# hugetlb 2 MiB page replaced: new bytes sent\n");
+
+	auto *t = static_cast<std::byte *>(slot_address(62));
+	CHECK(mmap(t, 2 * huge, PROT_READ | PROT_WRITE,
+		   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0) == t);
+	CHECK_RC(madvise(t, 2 * huge, MADV_HUGEPAGE), 0);
+	std::memset(t, 't', 2 * huge);
+	send(t, 2 * huge);
+	CHECK_RC(madvise(t + huge, huge, MADV_DONTNEED), 0);
+	std::memset(t + huge, 'T', huge);
+	send(t, 2 * huge);
+	CHECK(land.data()[0] == std::byte('t') && land.data()[2 * huge - 1] == std::byte('T'));
+	munmap(t, 2 * huge);
+	std::printf("# THP: upper 2 MiB dropped: new bytes sent, lower kept\n");
+}
+
+// A registration that fails after the watch was added leaves no watch: the
+// kernel's count for the cache's memwatch (fdinfo) stays at the live ones.
+void failed_registration()
+{
+	Peer p;
+	Cache c(ODPWATCH_CACHE_PINNED);
+	auto ok = filled(slot_address(64), 'w');
+	p.send(c.c, ok);
+	auto watches = [&] {
+		const int fd = odpwatch_cache_event_fd(c.c);
+		CHECK(fd >= 0);
+		std::ifstream info("/proc/self/fdinfo/" + std::to_string(fd));
+		std::string line;
+		while (std::getline(info, line))
+			if (line.rfind("memwatch-watches:", 0) == 0)
+				return std::stoul(line.substr(line.find(':') + 1));
+		throw Failure("no memwatch-watches in fdinfo");
+	};
+	CHECK(watches() == 1);
+	// Read-only memory (right above the cached buffer) cannot be
+	// registered for local write.
+	auto *ro = ok.data() + buf_len;
+	CHECK(mmap(ro, buf_len, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1,
+		   0) == ro);
+	odpwatch_cache_reg *r = nullptr;
+	int rc = odpwatch_cache_get(c.c, p.pd.get(), ro, buf_len, local_access, &r);
+	std::printf("# get of read-only memory for local write: %d (%s)\n", rc, std::strerror(-rc));
+	CHECK(rc < 0);
+	CHECK(watches() == 1);
+	// Nor a range overlapping the cached one and the read-only one: the
+	// union fails, the range alone fails, no watch stays.
+	rc = odpwatch_cache_get(c.c, p.pd.get(), ok.data() + buf_len / 2, buf_len, local_access,
+				&r);
+	std::printf("# get across the cached and the read-only memory: %d\n", rc);
+	CHECK(rc < 0);
+	CHECK(watches() == 1);
+	munmap(ro, buf_len);
+	auto s = c.stats();
+	CHECK(s.entries == 1 && s.in_use == 0);
 }
 
 // Threads free and remap their buffers while the others look theirs up, all
@@ -714,6 +904,12 @@ const std::map<std::string, std::function<void()>> cases = {
 	{"default-limits", default_limits},
 	{"eviction-order", eviction_order},
 	{"churn", churn},
+	{"more-ways-to-free-pinned", [] { more_ways_to_free(ODPWATCH_CACHE_PINNED); }},
+	{"more-ways-to-free-explicit-odp", [] { more_ways_to_free(ODPWATCH_CACHE_EXPLICIT_ODP); }},
+	{"more-ways-to-free-implicit-odp", [] { more_ways_to_free(ODPWATCH_CACHE_IMPLICIT_ODP); }},
+	{"huge-pages-pinned", [] { huge_pages(ODPWATCH_CACHE_PINNED); }},
+	{"huge-pages-explicit-odp", [] { huge_pages(ODPWATCH_CACHE_EXPLICIT_ODP); }},
+	{"failed-registration", failed_registration},
 };
 
 } // namespace
