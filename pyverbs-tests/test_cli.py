@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 
+import pytest
 import pyverbs.enums as e
 from pyverbs.mr import MR
 
@@ -97,3 +98,46 @@ def test_memwatch_stats_lists_this_process():
         munmap(a, 2 * 4096)
         if b:
             munmap(b, 4096)
+
+
+@pytest.mark.parametrize("args,rc,err", [
+    ([], 2, "usage: odpwatch [-d DEVICE] COMMAND"),
+    (["nosuch"], 2, "odpwatch: unknown command nosuch"),
+    (["--nope"], 2, "odpwatch: unknown option --nope"),
+    (["-d"], 2, "odpwatch: -d wants a device name"),
+    (["-d", "nosuchdev0", "caps"], 1, "odpwatch caps: no RDMA device named nosuchdev0"),
+    (["caps", "extra"], 2, "odpwatch caps: takes no arguments (got extra)"),
+    (["demo", "--fast"], 2, "odpwatch demo: takes no arguments (got --fast)"),
+    (["mr-counters", "x"], 2, "odpwatch mr-counters: takes no arguments (got x)"),
+    (["memwatch-stats", "x"], 2, "odpwatch memwatch-stats: takes no arguments (got x)"),
+    (["bench"], 2, "odpwatch bench: say what to measure: memwatch, odp, cache or wire"),
+    (["bench", "nosuch"], 2, "odpwatch bench: say what to measure"),
+    (["bench", "cache", "--reps", "0"], 2,
+     "odpwatch bench cache: --reps wants a number from 1 to 10000, not '0'"),
+    (["bench", "cache", "--reps", "5x"], 2, "--reps wants a number from 1 to 10000, not '5x'"),
+    (["bench", "cache", "--reps", "-3"], 2, "--reps wants a number from 1 to 10000, not '-3'"),
+    (["bench", "cache", "--reps", "99999999999999999999"], 2,
+     "--reps wants a number from 1 to 10000, not '99999999999999999999'"),
+    (["bench", "cache", "--reps"], 2, "odpwatch bench cache: missing value for --reps"),
+    (["bench", "wire", "--peer"], 2, "odpwatch bench wire: missing value for --peer"),
+    (["bench", "cache", "--peer", "x"], 2, "odpwatch bench cache: bad argument --peer"),
+    (["bench", "cache", "--csv", "/proc/nope/x.csv"], 2,
+     "odpwatch bench: cannot write --csv /proc/nope/x.csv: No such file or directory"),
+    (["bench", "cache", "--only", "nosuch"], 1,
+     "odpwatch bench: --only nosuch matches no section of bench cache ("),
+    (["bench", "memwatch", "--serve"], 2, "odpwatch bench memwatch: bad argument --serve"),
+    (["bench", "wire"], 2, "odpwatch bench wire: give --peer ADDR (node 0) or --serve (node 1)"),
+    (["bench", "wire", "--serve", "--peer", "x"], 2, "give --peer ADDR (node 0) or --serve"),
+])
+def test_bad_input_gets_its_exact_error(args, rc, err):
+    """Every command and option, misused: a clear message on stderr, the
+    usage exit status (2) or a failure (1), nothing written to stdout but
+    the usage, no crash."""
+    r = subprocess.run([ODPWATCH, *args], capture_output=True, text=True, timeout=120)
+    assert (r.returncode, err in r.stderr) == (rc, True), (r.returncode, r.stderr)
+    assert "terminate called" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_help_goes_to_stdout():
+    r = subprocess.run([ODPWATCH, "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("usage: odpwatch") and not r.stderr

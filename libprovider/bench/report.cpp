@@ -164,6 +164,16 @@ void Report::finish(const std::string &csv) const
 void run_sections(const char *bench, unsigned reps, bool quick, const std::string &only,
 		  std::initializer_list<Section> sections)
 {
+	if (std::none_of(sections.begin(), sections.end(), [&](const Section &s) {
+		    return std::string_view(s.first).find(only) != std::string_view::npos;
+	    })) {
+		std::string names;
+		for (const auto &s : sections)
+			names += std::string(names.empty() ? "" : "; ") + s.first;
+		throw verbs::Error("--only " + only + " matches no section of bench " + bench +
+					   " (" + names + ")",
+				   EINVAL);
+	}
 	std::fprintf(stderr, "bench %s: %u repetitions per row%s\n", bench, reps,
 		     quick ? " (quick)" : "");
 	for (const auto &[what, run] : sections) {

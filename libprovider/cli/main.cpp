@@ -5,6 +5,7 @@
 #include "verbs.hpp"
 
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -47,6 +48,30 @@ int caps(const cli::Options &opt)
 	return 0;
 }
 
+// A repetition count: digits only, 1 to 10000.
+bool parse_reps(std::string_view s, unsigned &reps)
+{
+	unsigned v = 0;
+	auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+	if (ec != std::errc() || end != s.data() + s.size() || v < 1 || v > 10000)
+		return false;
+	reps = v;
+	return true;
+}
+
+// The CSV file must be writable before minutes of measuring, not after.
+bool csv_writable(const std::string &path)
+{
+	FILE *f = std::fopen(path.c_str(), "a");
+	if (!f) {
+		std::fprintf(stderr, "odpwatch bench: cannot write --csv %s: %s\n", path.c_str(),
+			     std::strerror(errno));
+		return false;
+	}
+	std::fclose(f);
+	return true;
+}
+
 // odpwatch bench memwatch|odp|cache|wire [--quick] [--reps N] [--csv FILE]
 //	[--only SECTION] [--no-uffd] [--peer ADDR | --serve]
 int run_bench(const cli::Options &opt, int argc, char **argv)
@@ -70,18 +95,28 @@ int run_bench(const cli::Options &opt, int argc, char **argv)
 			serve = true;
 		} else if (a == "--peer" && what == "wire" && i + 1 < argc) {
 			peer = argv[++i];
-		} else if (a == "--reps" && i + 1 < argc && std::atoi(argv[i + 1]) > 0) {
-			reps = static_cast<unsigned>(std::atoi(argv[++i]));
+		} else if (a == "--reps" && i + 1 < argc) {
+			if (!parse_reps(argv[++i], reps)) {
+				std::fprintf(stderr,
+					     "odpwatch bench %s: --reps wants a number from 1 to "
+					     "10000, not '%s'\n",
+					     argv[0], argv[i]);
+				return 2;
+			}
 		} else if (a == "--csv" && i + 1 < argc) {
 			csv = argv[++i];
 		} else if (a == "--only" && what != "wire" && i + 1 < argc) {
 			only = argv[++i];
 		} else {
-			std::fprintf(stderr, "odpwatch bench %s: bad argument %s\n", argv[0],
-				     argv[i]);
+			const bool wants_value = i + 1 == argc && (a == "--reps" || a == "--csv" ||
+								   a == "--only" || a == "--peer");
+			std::fprintf(stderr, "odpwatch bench %s: %s %s\n", argv[0],
+				     wants_value ? "missing value for" : "bad argument", argv[i]);
 			return 2;
 		}
 	}
+	if (!csv.empty() && !csv_writable(csv))
+		return 2;
 	if (!reps)
 		reps = quick ? 3 : 5;
 	const bench::Options o{opt.device, quick, uffd, reps, csv, only};
@@ -110,6 +145,9 @@ int main(int argc, char **argv)
 		std::string_view a = argv[i];
 		if ((a == "-d" || a == "--device") && i + 1 < argc) {
 			opt.device = argv[++i];
+		} else if (a == "-d" || a == "--device") {
+			std::fprintf(stderr, "odpwatch: %s wants a device name\n", argv[i]);
+			return 2;
 		} else if (a == "-h" || a == "--help") {
 			usage(stdout);
 			return 0;
@@ -124,6 +162,11 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	std::string_view cmd = argv[i];
+	if (cmd != "bench" && i + 1 < argc) {
+		std::fprintf(stderr, "odpwatch %s: takes no arguments (got %s)\n", argv[i],
+			     argv[i + 1]);
+		return 2;
+	}
 	try {
 		if (cmd == "caps")
 			return caps(opt);
@@ -137,9 +180,12 @@ int main(int argc, char **argv)
 			return run_bench(opt, argc - i - 1, argv + i + 1);
 	} catch (const verbs::Error &e) {
 		std::fprintf(stderr, "odpwatch %s: %s\n", argv[i], e.what());
-		if (e.err() == ENOSYS)
+		if (e.err() == EOPNOTSUPP && std::strstr(e.what(), "memwatch"))
 			std::fprintf(stderr, "hint: this kernel has no memwatch system call "
 					     "(CONFIG_MEMWATCH)\n");
+		else if (e.err() == ENOSYS)
+			std::fprintf(stderr, "hint: this kernel has no RDMA user verbs "
+					     "(CONFIG_INFINIBAND_USER_ACCESS)\n");
 		else if (e.err() == ENODEV)
 			std::fprintf(stderr, "hint: create a soft-RoCE device: "
 					     "rdma link add rxe0 type rxe netdev <netdev>\n");
