@@ -3,15 +3,24 @@
 // operations on a few buffer slots (map, munmap, mremap, madvise, CPU
 // writes, fork with a child that writes and exits, memwatch create / add /
 // remove / read / close, explicit ODP, implicit ODP and pinned registration,
-// prefetch, RDMA WRITE, READ and SEND on two QPs), each checked against a
-// model of what the slots hold:
-//   - a watch the kernel still reports valid after its range changed, or
-//   - bytes moved through an ODP MR that are not the current mapping's
-// is a failure. The seed is printed first: the same seed replays the run.
+// prefetch, RDMA WRITE, READ and SEND on two QPs, SEND through the
+// registration cache's pinned policy), each checked against a model of what
+// the slots hold:
+//   - a watch the kernel still reports valid after its range changed,
+//   - bytes moved through an ODP MR or a cached registration that are not
+//     the current mapping's, or
+//   - a cached registration dropped although nothing changed its pages
+// is a failure. (The last is checked on the cache's pinned entries only:
+// pinned pages are not migrated, so nothing but the model's operations can
+// change them; an unpinned watched page may move for NUMA balancing or
+// compaction, a true change the model does not see.) The seed is printed first: the same seed
+// replays the run.
 //   odpwatch-stress [--seed N] [--seconds S] [--steps N]
 #include "check.hpp"
 #include "memwatch.hpp"
 #include "verbs.hpp"
+
+#include <odpwatch/regcache.h>
 
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -52,7 +61,22 @@ struct Slot {
 	std::optional<Memwatch::Watch> watch; // its watch, if any
 	bool changed = false;		      // the range changed since the watch was added
 	verbs::Mr odp;			      // an explicit ODP MR over the slot, if any
+	bool cached = false;		      // the cache holds a registration of the current pages
 };
+
+struct CacheDeleter {
+	void operator()(odpwatch_cache *c) const noexcept { odpwatch_cache_destroy(c); }
+};
+
+std::unique_ptr<odpwatch_cache, CacheDeleter> pinned_cache()
+{
+	odpwatch_cache_attr a{};
+	a.policy = ODPWATCH_CACHE_PINNED;
+	odpwatch_cache *c = nullptr;
+	if (int rc = odpwatch_cache_create(&a, &c))
+		throw verbs::Error("odpwatch_cache_create", -rc);
+	return std::unique_ptr<odpwatch_cache, CacheDeleter>(c);
+}
 
 class Stress
 {
@@ -118,8 +142,11 @@ public:
 		case 13:
 			op("RDMA WRITE", [&] { rdma_write(i); });
 			break;
-		default:
+		case 14:
 			op("SEND (pinned)", [&] { send_pinned(i); });
+			break;
+		default:
+			op("SEND (cache)", [&] { send_cached(i); });
 			break;
 		}
 		check_watches();
@@ -150,6 +177,7 @@ private:
 	{
 		if (slots_[i].watch)
 			slots_[i].changed = true;
+		slots_[i].cached = false;
 	}
 	void map(size_t i)
 	{
@@ -183,6 +211,7 @@ private:
 			fail("mremap: " + std::string(strerror(errno)));
 		slots_[to].mapped = true;
 		slots_[to].fill = slots_[from].fill;
+		slots_[to].cached = false; // pages that were registered at another address
 		slots_[from].mapped = false;
 		// Only the source changed: a mapping arriving where nothing was
 		// mapped invalidates nothing (a mapped destination was unmapped,
@@ -340,6 +369,35 @@ private:
 			 local_.data());
 		expect_bytes("SEND from a pinned MR of the slot", local_.data(), slots_[i].fill);
 	}
+	// Through the cache: the bytes are the current mapping's (safety), and a
+	// registration of pages nothing changed since is still cached (a hit).
+	void send_cached(size_t i)
+	{
+		Slot &s = slots_[i];
+		if (!s.mapped)
+			return;
+		odpwatch_cache_stats before{}, after{};
+		odpwatch_cache_query(cache_.get(), &before);
+		odpwatch_cache_reg *reg = nullptr;
+		if (int rc = odpwatch_cache_get(cache_.get(), pd_.get(), slot_at(i), kLen, kPinned,
+						&reg))
+			fail("odpwatch_cache_get: " + std::string(strerror(-rc)));
+		odpwatch_cache_query(cache_.get(), &after);
+		std::memset(local_.data(), 0x5a, kLen);
+		ibv_wc_status st =
+			qp().rdma(IBV_WR_SEND, odpwatch_cache_reg_mr(reg), slot_at(i), kLen,
+				  local_mr_.get(), local_.data(), std::chrono::minutes(5));
+		odpwatch_cache_put(cache_.get(), reg);
+		if (st != IBV_WC_SUCCESS)
+			fail(std::string("SEND through the cache completed with '") +
+			     ibv_wc_status_str(st) + "'");
+		expect_bytes("SEND through the cache", local_.data(), s.fill);
+		checks_++;
+		if (s.cached && after.hits == before.hits)
+			fail("slot " + std::to_string(i) +
+			     ": the cache registered it again, though nothing changed its pages");
+		s.cached = true;
+	}
 	// The safety half of memwatch: a range that changed is never valid.
 	void check_watches()
 	{
@@ -362,6 +420,8 @@ private:
 	verbs::Mapping local_{kLen};
 	verbs::Mr local_mr_;
 	std::unique_ptr<Memwatch> mw_;
+	// After pd_: destroyed before it, as its registrations belong to it.
+	std::unique_ptr<odpwatch_cache, CacheDeleter> cache_ = pinned_cache();
 	std::array<Slot, kSlots> slots_;
 	std::map<std::string, uint64_t> counts_;
 	uint64_t step_ = 0, checks_ = 0;
