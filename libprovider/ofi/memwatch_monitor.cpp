@@ -1,0 +1,364 @@
+// SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
+// libodpwatch-ofi: memwatch as libfabric's memory monitor, imported with
+// fi_import_fid() (odpwatch/ofi_monitor.h).
+//
+// libfabric calls subscribe, unsubscribe and valid with its own mm_lock held
+// and takes that lock in notify; start and stop come without it. So the
+// event thread never calls notify while holding mu_ (subscribe holds mm_lock
+// and then takes mu_), and stop may join the thread. Lock order:
+// notify_mu_, then libfabric's locks, then mu_.
+//
+// fork() waits until the event thread is out of notify (and so out of
+// libfabric's locks) and holds mu_: a child never inherits either lock
+// taken by a thread that does not exist in it.
+#include "memwatch.hpp"
+#include "verbs.hpp"
+
+#include <odpwatch/ofi_monitor.h>
+
+#include <poll.h>
+#include <pthread.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_ext.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace
+{
+
+using odpwatch::Memwatch;
+
+// Bumped in every child of fork(): the memwatch descriptor belongs to the
+// parent's address space (EPERM there), so the child caches nothing.
+std::atomic<uint64_t> fork_generation{0};
+
+bool debug()
+{
+	static const bool on = [] {
+		const char *v = std::getenv("ODPWATCH_OFI_DEBUG");
+		return v && *v && *v != '0';
+	}();
+	return on;
+}
+
+class MemwatchMonitor
+{
+public:
+	static MemwatchMonitor &instance()
+	{
+		// Never destroyed: libfabric may call in until the process ends.
+		static MemwatchMonitor *m = new MemwatchMonitor;
+		return *m;
+	}
+
+	int import()
+	{
+		std::lock_guard lock(import_mu_);
+		if (imported_)
+			return -EALREADY;
+		if (!Memwatch::supported())
+			return -EOPNOTSUPP;
+		fid_ = {};
+		fid_.fid.fclass = FI_CLASS_MEM_MONITOR;
+		fid_.export_ops = &ops_;
+		int ret =
+			fi_import(FI_VERSION(1, 13), "mr_cache", nullptr, 0, 0, &fid_.fid, nullptr);
+		if (ret) {
+			if (debug())
+				std::fprintf(stderr, "odpwatch-ofi: fi_import: %s\n",
+					     fi_strerror(-ret));
+			return ret;
+		}
+		imported_ = true;
+		if (debug())
+			std::fprintf(stderr, "odpwatch-ofi: memwatch is libfabric's monitor\n");
+		return 0;
+	}
+
+	int close()
+	{
+		std::lock_guard lock(import_mu_);
+		if (!imported_)
+			return -EINVAL;
+		if (running_)
+			return -EBUSY;
+		int ret = fi_close(&fid_.fid);
+		if (!ret)
+			imported_ = false;
+		return ret;
+	}
+
+	odpwatch_ofi_stats stats()
+	{
+		odpwatch_ofi_stats s{};
+		{
+			std::lock_guard lock(mu_);
+			s.regions = regions_.size();
+		}
+		s.subscribes = subscribes_;
+		s.unsubscribes = unsubscribes_;
+		s.hits = hits_;
+		s.stale = stale_;
+		s.notifies = notifies_;
+		s.events = events_;
+		s.rescans = rescans_;
+		s.refused = refused_;
+		return s;
+	}
+
+private:
+	// A watched region; libfabric may cache the same range more than once
+	// (a cache per domain). A region whose word changed stays stale until
+	// every subscriber is gone: valid() cannot tell the entries apart.
+	struct Region {
+		Memwatch::Watch watch;
+		uint32_t subscribers;
+	};
+	using Key = std::pair<uintptr_t, size_t>;
+
+	MemwatchMonitor()
+	{
+		pthread_atfork(
+			[] {
+				instance().notify_mu_.lock();
+				instance().mu_.lock();
+			},
+			[] {
+				instance().mu_.unlock();
+				instance().notify_mu_.unlock();
+			},
+			[] {
+				fork_generation++;
+				instance().mu_.unlock();
+				instance().notify_mu_.unlock();
+			});
+	}
+
+	static MemwatchMonitor &of(fid_mem_monitor *) { return instance(); }
+	bool foreign() const { return fork_generation.load(std::memory_order_relaxed) != 0; }
+
+	static int start(fid_mem_monitor *f)
+	{
+		MemwatchMonitor &m = of(f);
+		if (m.foreign())
+			return -FI_EPERM;
+		try {
+			m.mw_ = std::make_unique<Memwatch>();
+			m.wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+			if (m.wake_fd_ < 0)
+				throw odpwatch::verbs::Error("eventfd", errno);
+			m.thread_ = std::thread([&m] { m.event_loop(); });
+		} catch (const odpwatch::verbs::Error &e) {
+			m.mw_.reset();
+			return -e.err();
+		} catch (...) {
+			m.mw_.reset();
+			return -FI_ENOMEM;
+		}
+		m.running_ = true;
+		return 0;
+	}
+
+	static void stop(fid_mem_monitor *f)
+	{
+		MemwatchMonitor &m = of(f);
+		if (!m.running_)
+			return;
+		const uint64_t one = 1;
+		if (write(m.wake_fd_, &one, sizeof(one)) < 0)
+			std::perror("odpwatch-ofi: waking the event thread");
+		m.thread_.join();
+		::close(m.wake_fd_);
+		m.wake_fd_ = -1;
+		std::lock_guard lock(m.mu_);
+		m.regions_.clear();
+		m.mw_.reset();
+		m.running_ = false;
+	}
+
+	// The page-aligned range memwatch watches for [addr, addr + len).
+	static std::pair<void *, size_t> pages(const void *addr, size_t len)
+	{
+		static const uintptr_t page = sysconf(_SC_PAGESIZE);
+		const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+		const uintptr_t start = a & ~(page - 1), end = (a + len + page - 1) & ~(page - 1);
+		return {reinterpret_cast<void *>(start), end - start};
+	}
+
+	static int subscribe(fid_mem_monitor *f, const void *addr, size_t len)
+	{
+		MemwatchMonitor &m = of(f);
+		if (m.foreign() || !len) {
+			m.refused_++;
+			return -FI_EPERM; // libfabric keeps the MR, uncached
+		}
+		std::lock_guard lock(m.mu_);
+		m.subscribes_++;
+		const Key k{reinterpret_cast<uintptr_t>(addr), len};
+		if (auto it = m.regions_.find(k); it != m.regions_.end()) {
+			it->second.subscribers++;
+			return 0;
+		}
+		try {
+			auto [start, plen] = pages(addr, len);
+			m.regions_.emplace(k, Region{m.mw_->add(start, plen, k.first), 1});
+		} catch (const odpwatch::verbs::Error &e) {
+			m.refused_++;
+			return -e.err();
+		} catch (...) {
+			m.refused_++;
+			return -FI_ENOMEM;
+		}
+		return 0;
+	}
+
+	static void unsubscribe(fid_mem_monitor *f, const void *addr, size_t len)
+	{
+		MemwatchMonitor &m = of(f);
+		std::lock_guard lock(m.mu_);
+		auto it = m.regions_.find(Key{reinterpret_cast<uintptr_t>(addr), len});
+		if (it == m.regions_.end())
+			return;
+		m.unsubscribes_++;
+		if (--it->second.subscribers)
+			return;
+		if (!m.foreign()) {
+			try {
+				m.mw_->remove(it->second.watch.id);
+			} catch (const odpwatch::verbs::Error &) {
+				// The range is gone with its watch already.
+			}
+		}
+		m.regions_.erase(it);
+	}
+
+	// On every cache hit: one map lookup and one load of the region's word.
+	static bool valid(fid_mem_monitor *f, const void *addr, size_t len)
+	{
+		MemwatchMonitor &m = of(f);
+		bool ok = false;
+		if (!m.foreign()) {
+			std::lock_guard lock(m.mu_);
+			auto it = m.regions_.find(Key{reinterpret_cast<uintptr_t>(addr), len});
+			ok = it != m.regions_.end() && m.mw_->valid(it->second.watch);
+		}
+		(ok ? m.hits_ : m.stale_)++;
+		return ok;
+	}
+
+	void notify(uintptr_t start, uintptr_t end)
+	{
+		std::lock_guard lock(notify_mu_);
+		notifies_++;
+		fid_.import_ops->notify(&fid_, reinterpret_cast<void *>(start), end - start);
+	}
+
+	// Events name the changed sub-range: libfabric flushes the entries
+	// overlapping it. Lost events (a full queue) lose no change, the words
+	// keep it: then every region is checked.
+	void event_loop()
+	{
+		pollfd fds[2] = {{mw_->fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+		for (;;) {
+			if (poll(fds, 2, -1) < 0) {
+				if (errno == EINTR)
+					continue;
+				std::perror("odpwatch-ofi: poll");
+				return;
+			}
+			if (fds[1].revents)
+				return;
+			try {
+				while (auto ev = mw_->next_event()) {
+					events_++;
+					notify(ev->start, ev->end);
+				}
+				if (mw_->overflowed()) {
+					mw_->clear_overflow();
+					rescans_++;
+					std::vector<Key> changed;
+					{
+						std::lock_guard lock(mu_);
+						for (auto &[k, r] : regions_)
+							if (!mw_->valid(r.watch))
+								changed.push_back(k);
+					}
+					for (auto &[a, l] : changed)
+						notify(a, a + l);
+				}
+			} catch (const odpwatch::verbs::Error &e) {
+				std::fprintf(stderr, "odpwatch-ofi: %s\n", e.what());
+				return;
+			}
+		}
+	}
+
+	std::mutex import_mu_;
+	bool imported_ = false;
+	fid_mem_monitor fid_{};
+	fi_ops_mem_monitor ops_{
+		.size = sizeof(fi_ops_mem_monitor),
+		.start = start,
+		.stop = stop,
+		.subscribe = subscribe,
+		.unsubscribe = unsubscribe,
+		.valid = valid,
+	};
+
+	std::mutex notify_mu_; // held across notify: fork waits for it
+	std::mutex mu_;	       // regions_
+	std::map<Key, Region> regions_;
+	std::unique_ptr<Memwatch> mw_;
+	std::thread thread_;
+	int wake_fd_ = -1;
+	std::atomic<bool> running_{false};
+	std::atomic<uint64_t> subscribes_{0}, unsubscribes_{0}, hits_{0}, stale_{0};
+	std::atomic<uint64_t> notifies_{0}, events_{0}, rescans_{0}, refused_{0};
+};
+
+} // namespace
+
+extern "C" {
+
+int odpwatch_ofi_monitor_import(void)
+{
+	try {
+		return MemwatchMonitor::instance().import();
+	} catch (...) {
+		return -ENOMEM;
+	}
+}
+
+int odpwatch_ofi_monitor_close(void)
+{
+	try {
+		return MemwatchMonitor::instance().close();
+	} catch (...) {
+		return -EIO;
+	}
+}
+
+int odpwatch_ofi_monitor_stats(struct odpwatch_ofi_stats *stats)
+{
+	if (!stats)
+		return -EINVAL;
+	try {
+		*stats = MemwatchMonitor::instance().stats();
+		return 0;
+	} catch (...) {
+		return -EIO;
+	}
+}
+}
