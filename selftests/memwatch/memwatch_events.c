@@ -916,8 +916,15 @@ static int memcg_add_child(struct cgroup *cg, long page, int report)
 	for (failures = 0; failures < 10; failures++)
 		if (!ioctl(fd, MEMWATCH_IOC_ADD, &w) || errno != ENOMEM)
 			return 5;
-	if (ioctl(fd, MEMWATCH_IOC_STATS, &st) || st.watches != n)
+	if (ioctl(fd, MEMWATCH_IOC_STATS, &st)) {
+		fprintf(stderr, "# STATS at the limit: %s\n", strerror(errno));
 		return 6;
+	}
+	if (st.watches != n) {
+		fprintf(stderr, "# %llu watches counted, %lu added\n",
+			(unsigned long long)st.watches, n);
+		return 9;
+	}
 	if (ioctl(fd, MEMWATCH_IOC_REMOVE, &rm) || ioctl(fd, MEMWATCH_IOC_ADD, &w))
 		return 7;	/* removing one makes room for another */
 	close(fd);	/* first: a pipe buffer is charged to the cgroup too */
