@@ -31,6 +31,17 @@ UCX = {
 }
 # UCX registers host memory on demand (ODP) instead of pinning it.
 ODP = {"UCX_REG_NONBLOCK_MEM_TYPES": "host"}
+# Open MPI over libfabric (pml cm, mtl ofi) on rxe: ofi_rxm sizes its verbs
+# CQ as (rx + tx queue) x FI_UNIVERSE_SIZE, 256 by default: 65536 entries,
+# beyond rxe's max_cqe (32767), and no pml opens ("Unable to create verbs
+# CQ"). Two ranks need far less.
+OFI = {"FI_PROVIDER": "verbs;ofi_rxm", "FI_UNIVERSE_SIZE": "16"}
+# libfabric's own MR cache with memwatch as its monitor (libodpwatch-ofi),
+# its counters printed at exit; or the verbs provider's registrations on
+# demand.
+MEMWATCH_OFI = {"LD_PRELOAD": "/out/guest/lib/libodpwatch-ofi-preload.so",
+                "ODPWATCH_OFI_DEBUG": "1"}
+ODP_OFI = {"FI_VERBS_USE_ODP": "1"}
 
 RESULT = re.compile(r"stale_send: way=(\w+) size=(\d+) messages=(\d+) corrupt=(\d+)")
 
@@ -50,6 +61,8 @@ def openmpi(program, args, env, pml="ucx"):
            "--prtemca", "oob_tcp_if_include", "eth0", "--mca", "pml", pml]
     if pml == "ob1":
         cmd += ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "eth0"]
+    if pml == "cm":
+        cmd += ["--mca", "mtl", "ofi"]
     for k, v in env.items():
         cmd += ["-x", f"{k}={v}"]
     return run(cmd + [program] + args)
@@ -68,13 +81,28 @@ def stale_send(mpi, way, size, count, env, **kw):
     number of corrupt messages rank 1 saw."""
     program = f"{BIN}/stale_send.{mpi}"
     args = [way, str(size), str(count)]
+    global last_output
     out, rc = (openmpi if mpi == "openmpi" else mpich)(program, args, env, **kw)
+    last_output = out
     m = RESULT.search(out)
     assert rc == 0 and m, f"{mpi} stale_send {' '.join(args)}: status {rc}\n{out[-3000:]}"
     assert (m[1], int(m[2]), int(m[3])) == (way, size, count), m[0]
-    record(mpi, kw.get("pml", "ucx"), "on demand" if ODP.items() <= env.items() else "pinned",
+    on_demand = ODP.items() <= env.items() or ODP_OFI.items() <= env.items()
+    memwatch = MEMWATCH_OFI["LD_PRELOAD"] == env.get("LD_PRELOAD")
+    record(mpi, {"cm": "cm (mtl ofi)"}.get(kw.get("pml"), kw.get("pml", "ucx")),
+           "on demand" if on_demand else "pinned + memwatch" if memwatch else "pinned",
            way, size, count, int(m[4]))
     return int(m[4])
+
+
+last_output = ""  # of the last stale_send run
+
+
+def ofi_monitor_stats(out):
+    """The memwatch monitor's counters each rank printed at exit, summed."""
+    rows = re.findall(r"odpwatch-ofi: stats subscribes=(\d+) hits=(\d+) stale=(\d+)", out)
+    return {"ranks": len(rows), "subscribes": sum(int(r[0]) for r in rows),
+            "hits": sum(int(r[1]) for r in rows)}
 
 
 def record(*row):

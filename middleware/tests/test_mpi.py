@@ -9,7 +9,8 @@ library (its ucm module): a free the hooks cannot see leaves a registration
 of the old pages in the cache, and the next message sends them."""
 import pytest
 
-from conftest import ODP, UCX, run, stale_send
+import conftest
+from conftest import MEMWATCH_OFI, ODP, ODP_OFI, OFI, UCX, ofi_monitor_stats, run, stale_send
 
 MiB = 1 << 20
 WAYS = ("munmap", "syscall", "madvise", "mremap")
@@ -67,3 +68,32 @@ def test_mpich_ucx_on_demand(odp_sampler):
     with odp_sampler:
         assert stale_send("mpich", "syscall", MiB, 200, {**UCX, **ODP}) == 0
     assert odp_sampler.most >= 1
+
+
+def test_openmpi_ofi_pinned_raw_free_is_stale():
+    """Open MPI over libfabric (verbs;ofi_rxm), libfabric's MR cache with the
+    monitor Open MPI imports (its patcher): the raw system calls go unseen
+    there too."""
+    corrupt = stale_send("openmpi", "syscall", MiB, 100, OFI, pml="cm")
+    assert corrupt >= 90, f"{corrupt} of 100 corrupt: the stale registration did not show"
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_openmpi_ofi_memwatch_monitor(way):
+    """The same with memwatch as libfabric's monitor (LD_PRELOAD of
+    libodpwatch-ofi-preload.so, imported before Open MPI's patcher): 0
+    corrupt in every way of freeing, and the cache still caches: the ranks'
+    monitors confirmed hits."""
+    assert stale_send("openmpi", way, MiB, 200, {**OFI, **MEMWATCH_OFI}, pml="cm") == 0
+    stats = ofi_monitor_stats(conftest.last_output)
+    assert stats["ranks"] == 2 and stats["subscribes"] >= 1, conftest.last_output[-2000:]
+    assert stats["hits"] >= 100, stats
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_openmpi_ofi_on_demand(way, odp_sampler):
+    """libfabric's verbs provider registering on demand (FI_VERBS_USE_ODP=1):
+    0 corrupt in every way of freeing, with the sender's MRs on demand."""
+    with odp_sampler:
+        assert stale_send("openmpi", way, MiB, 200, {**OFI, **ODP_OFI}, pml="cm") == 0
+    assert odp_sampler.most >= 1, f"no MR on demand in {odp_sampler.samples} samples"
