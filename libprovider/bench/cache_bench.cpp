@@ -225,7 +225,9 @@ int cache_bench(const Options &o)
 		      {"peers: libfabric MR cache, memhooks",
 		       [&] { run_peer(rep, o, "libfabric-memhooks"); }},
 		      {"peers: libfabric MR cache, userfaultfd",
-		       [&] { run_peer(rep, o, "libfabric-uffd"); }}});
+		       [&] { run_peer(rep, o, "libfabric-uffd"); }},
+		      {"peers: libfabric MR cache, memwatch (libodpwatch-ofi)",
+		       [&] { run_peer(rep, o, "libfabric-memwatch"); }}});
 	rep.finish(o.csv);
 	return 0;
 }

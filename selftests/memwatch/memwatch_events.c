@@ -931,7 +931,23 @@ static int memcg_add_child(struct cgroup *cg, long page, int report)
 	return write(report, &n, sizeof(n)) == sizeof(n) ? 0 : 8;
 }
 
-TEST(memcg_limit_during_add)
+/*
+ * Filling the cgroup takes ~28000 ADDs: seconds alone, more than the
+ * harness's default 30 s beside the rest of make check under TCG.
+ */
+FIXTURE(memcg) {
+	int unused;
+};
+
+FIXTURE_SETUP(memcg)
+{
+}
+
+FIXTURE_TEARDOWN(memcg)
+{
+}
+
+TEST_F_TIMEOUT(memcg, limit_during_add, 150)
 {
 	const char *path = "/proc/sys/user/max_memwatch_watches";
 	long page = sysconf(_SC_PAGESIZE);

@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
 // libfabric's MR cache as its users meet it: fi_mr_reg/fi_close on a verbs
 // provider domain, which caches registrations and drops them when its
-// memory monitor (FI_MR_CACHE_MONITOR) reports an unmap.
+// memory monitor (FI_MR_CACHE_MONITOR) reports an unmap; or with memwatch
+// imported as that monitor (libodpwatch-ofi, monitor "memwatch").
 #include "peers.hpp"
+
+#include <odpwatch/ofi_monitor.h>
 
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
@@ -46,7 +49,13 @@ public:
 	LibfabricCache(const std::string &device, const std::string &monitor) : monitor_(monitor)
 	{
 		// Read once, when libfabric initialises: set before the first call.
-		setenv("FI_MR_CACHE_MONITOR", monitor.c_str(), 1);
+		// memwatch is imported instead, before the domain takes a monitor.
+		if (monitor == "memwatch") {
+			if (int rc = odpwatch_ofi_monitor_import())
+				throw verbs::Error("odpwatch_ofi_monitor_import", -rc);
+		} else {
+			setenv("FI_MR_CACHE_MONITOR", monitor.c_str(), 1);
+		}
 		std::unique_ptr<fi_info, InfoDeleter> hints(fi_allocinfo());
 		if (!hints)
 			throw verbs::Error("fi_allocinfo", ENOMEM);
@@ -76,6 +85,10 @@ public:
 	std::string name() const override { return "libfabric MR cache (" + monitor_ + ")"; }
 	std::string how() const override
 	{
+		if (monitor_ == "memwatch")
+			return "libodpwatch-ofi: valid() loads the region's memwatch word; a "
+			       "thread "
+			       "flushes the ranges memwatch reports";
 		return monitor_ == "memhooks"
 			       ? "hooks on libc's memory calls flush the cache's entries"
 			       : "a monitor thread reads userfaultfd unmap events";

@@ -84,7 +84,7 @@ int main(int argc, char **argv)
 {
 	if (argc < 2) {
 		std::fprintf(stderr,
-			     "usage: %s ucx|libfabric-memhooks|libfabric-uffd "
+			     "usage: %s ucx|libfabric-memhooks|libfabric-uffd|libfabric-memwatch "
 			     "[--reps N] [--quick] [--device NAME]\n",
 			     argv[0]);
 		return 2;
@@ -111,6 +111,8 @@ int main(int argc, char **argv)
 			c = make_libfabric_cache(o.device, "memhooks");
 		else if (peer == "libfabric-uffd")
 			c = make_libfabric_cache(o.device, "userfaultfd");
+		else if (peer == "libfabric-memwatch")
+			c = make_libfabric_cache(o.device, "memwatch");
 		else {
 			std::fprintf(stderr, "%s: unknown peer '%s'\n", argv[0], peer.c_str());
 			return 2;
