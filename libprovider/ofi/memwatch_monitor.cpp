@@ -28,10 +28,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -106,11 +106,11 @@ public:
 		{
 			std::lock_guard lock(mu_);
 			s.regions = regions_.size();
+			s.hits = hits_;
+			s.stale = stale_;
 		}
 		s.subscribes = subscribes_;
 		s.unsubscribes = unsubscribes_;
-		s.hits = hits_;
-		s.stale = stale_;
 		s.notifies = notifies_;
 		s.events = events_;
 		s.rescans = rescans_;
@@ -127,6 +127,12 @@ private:
 		uint32_t subscribers;
 	};
 	using Key = std::pair<uintptr_t, size_t>;
+	struct KeyHash {
+		size_t operator()(const Key &k) const noexcept
+		{
+			return std::hash<uintptr_t>()(k.first ^ (k.second << 17));
+		}
+	};
 
 	MemwatchMonitor()
 	{
@@ -248,12 +254,12 @@ private:
 	static bool valid(fid_mem_monitor *f, const void *addr, size_t len)
 	{
 		MemwatchMonitor &m = of(f);
-		bool ok = false;
-		if (!m.foreign()) {
-			std::lock_guard lock(m.mu_);
-			auto it = m.regions_.find(Key{reinterpret_cast<uintptr_t>(addr), len});
-			ok = it != m.regions_.end() && m.mw_->valid(it->second.watch);
-		}
+		if (m.foreign())
+			return false;
+		std::lock_guard lock(m.mu_);
+		auto it = m.regions_.find(Key{reinterpret_cast<uintptr_t>(addr), len});
+		const bool ok = it != m.regions_.end() && m.mw_->valid(it->second.watch);
+		// Counted under the lock already held: no atomic on the hit path.
 		(ok ? m.hits_ : m.stale_)++;
 		return ok;
 	}
@@ -319,12 +325,13 @@ private:
 
 	std::mutex notify_mu_; // held across notify: fork waits for it
 	std::mutex mu_;	       // regions_
-	std::map<Key, Region> regions_;
+	std::unordered_map<Key, Region, KeyHash> regions_;
 	std::unique_ptr<Memwatch> mw_;
 	std::thread thread_;
 	int wake_fd_ = -1;
 	std::atomic<bool> running_{false};
-	std::atomic<uint64_t> subscribes_{0}, unsubscribes_{0}, hits_{0}, stale_{0};
+	uint64_t hits_ = 0, stale_ = 0; // under mu_
+	std::atomic<uint64_t> subscribes_{0}, unsubscribes_{0};
 	std::atomic<uint64_t> notifies_{0}, events_{0}, rescans_{0}, refused_{0};
 };
 
