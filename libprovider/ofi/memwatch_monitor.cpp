@@ -40,10 +40,6 @@ namespace
 
 using odpwatch::Memwatch;
 
-// Bumped in every child of fork(): the memwatch descriptor belongs to the
-// parent's address space (EPERM there), so the child caches nothing.
-std::atomic<uint64_t> fork_generation{0};
-
 bool debug()
 {
 	static const bool on = [] {
@@ -146,14 +142,15 @@ private:
 				instance().notify_mu_.unlock();
 			},
 			[] {
-				fork_generation++;
 				instance().mu_.unlock();
 				instance().notify_mu_.unlock();
 			});
 	}
 
 	static MemwatchMonitor &of(fid_mem_monitor *) { return instance(); }
-	bool foreign() const { return fork_generation.load(std::memory_order_relaxed) != 0; }
+	// In a child of fork() the memwatch descriptor is the parent's (EPERM
+	// there), so the child caches nothing.
+	bool foreign() const { return fork_generation_ != odpwatch::fork_generation(); }
 
 	static int start(fid_mem_monitor *f)
 	{
@@ -311,6 +308,7 @@ private:
 		}
 	}
 
+	const uint64_t fork_generation_ = odpwatch::fork_generation();
 	std::mutex import_mu_;
 	bool imported_ = false;
 	fid_mem_monitor fid_{};

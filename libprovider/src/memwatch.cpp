@@ -3,12 +3,14 @@
 #include "verbs.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 
 // The number comes from the odpwatch kernel's installed uAPI headers (read
@@ -21,6 +23,17 @@ static_assert(__NR_memwatch_create == ODPWATCH_NR_MEMWATCH_CREATE,
 
 namespace odpwatch
 {
+
+uint64_t fork_generation() noexcept
+{
+	static std::atomic<uint64_t> generation{0};
+	static const bool registered = [] {
+		pthread_atfork(nullptr, nullptr, [] { generation++; });
+		return true;
+	}();
+	(void)registered;
+	return generation.load(std::memory_order_relaxed);
+}
 
 bool Memwatch::supported()
 {

@@ -11,6 +11,11 @@
 namespace odpwatch
 {
 
+// Bumped in every child of fork() (pthread_atfork, registered on the first
+// call): a memwatch descriptor, like a verbs context, made at one value
+// belongs to another process's address space at any other.
+uint64_t fork_generation() noexcept;
+
 class Memwatch
 {
 public:

@@ -14,7 +14,6 @@
 // request but registers again for every shifted window.
 #include "regcache.hpp"
 
-#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,18 +30,6 @@ namespace
 {
 constexpr uint32_t entry_magic = 0x6f647063; // "odpc"
 constexpr uintptr_t no_end = std::numeric_limits<uintptr_t>::max();
-
-// Bumped in every child of fork(): a cache made before belongs to the parent.
-std::atomic<uint64_t> fork_generation{0};
-uint64_t current_fork_generation()
-{
-	static const bool registered = [] {
-		pthread_atfork(nullptr, nullptr, [] { fork_generation++; });
-		return true;
-	}();
-	(void)registered;
-	return fork_generation.load(std::memory_order_relaxed);
-}
 
 RegCache::Limits resolve_limits(RegCache::Limits l)
 {
@@ -87,13 +74,13 @@ struct RegCache::Entry {
 };
 
 RegCache::RegCache(Policy policy, Limits limits)
-    : policy_(policy), limits_(resolve_limits(limits)), fork_generation_(current_fork_generation())
+    : policy_(policy), limits_(resolve_limits(limits)), fork_generation_(fork_generation())
 {
 }
 
 bool RegCache::owned() const noexcept
 {
-	return fork_generation_ == fork_generation.load(std::memory_order_relaxed);
+	return fork_generation_ == fork_generation();
 }
 
 RegCache::~RegCache()
@@ -468,12 +455,11 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 			}
 			auto over = overlapping(want, dead);
 			Key u = want;
-			for (Entry *o : over) {
-				if (!merge)
-					break;
-				u.start = std::min(u.start, o->key.start);
-				u.end = std::max(u.end, o->key.end);
-			}
+			if (merge)
+				for (Entry *o : over) {
+					u.start = std::min(u.start, o->key.start);
+					u.end = std::max(u.end, o->key.end);
+				}
 			if (fresh_entry && u == fresh_entry->key && fresh(fresh_entry.get())) {
 				for (Entry *o : over) {
 					invalidate(o, dead); // the new entry covers it
