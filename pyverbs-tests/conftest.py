@@ -111,6 +111,47 @@ def hw_counter(name):
         return int(f.read())
 
 
+def _event_fds_nonblocking():
+    """Make the async event fds (anon_inode:[infinibandevent]: every
+    context's, the test's among them) non-blocking, so that waiting for an
+    event that never comes cannot hang a test."""
+    fds = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[infinibandevent]":
+                fds.append(int(fd))
+        except OSError:  # the listing's own fd, gone by now
+            pass
+    assert fds, "no async event fd"
+    for fd in fds:
+        os.set_blocking(fd, False)
+
+
+def async_events(ctx, seconds, first_only=False):
+    """The async events of @ctx (their types, acknowledged) that arrive
+    within @seconds; with @first_only, the first one only. One look at
+    least: 0 seconds takes what is already queued."""
+    _event_fds_nonblocking()
+    events, deadline = [], time.monotonic() + seconds
+    while not (first_only and events):
+        try:
+            ev = ctx.get_async_event()
+        except Exception:  # none queued
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+            continue
+        ev.ack()
+        events.append(ev.event_type)
+    return events
+
+
+def async_event(ctx, timeout):
+    """The next async event of @ctx, or None after @timeout seconds."""
+    events = async_events(ctx, timeout, first_only=True)
+    return events[0] if events else None
+
+
 CGROUP_ROOT = "/sys/fs/cgroup"
 
 

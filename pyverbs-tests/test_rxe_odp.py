@@ -22,8 +22,8 @@ from pyverbs.srq import SRQ, SrqAttr, SrqInitAttr
 from pyverbs.wr import SGE, RecvWR, SendWR
 
 from conftest import (MADV_NOHUGEPAGE, MAP_ANONYMOUS, MAP_FAILED, MAP_HUGETLB, MAP_PRIVATE,
-                      PROT_RW, LoopbackQP, assert_bytes, hw_counter, libc, madvise,
-                      madvise_dontneed, mmap_anon, munmap)
+                      PROT_RW, LoopbackQP, assert_bytes, async_event, hw_counter, libc,
+                      madvise, madvise_dontneed, mmap_anon, munmap)
 
 LEN = 64 * 1024
 HUGE = 2 << 20
@@ -503,32 +503,6 @@ def test_prefetching_unmapped_space_leaves_no_children(pd, implicit, advice):
     assert advice == PREFETCH_NO_FAULT or failures == regions
     # 256 children would hold 64 MiB of page lists.
     assert used < 16 << 10, f"{used} KiB kept for {regions} unmapped regions"
-
-
-def async_event(ctx, timeout):
-    """The next async event of @ctx, or None after @timeout seconds. The
-    event fds (anon_inode:[infinibandevent], @ctx's among them) are made
-    non-blocking so that a missing event cannot hang the test."""
-    fds = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[infinibandevent]":
-                fds.append(int(fd))
-        except OSError:  # the listing's own fd, gone by now
-            pass
-    assert fds, "no async event fd"
-    for fd in fds:
-        os.set_blocking(fd, False)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            ev = ctx.get_async_event()
-        except Exception:
-            time.sleep(0.05)
-            continue
-        ev.ack()
-        return ev.event_type
-    return None
 
 
 @pytest.mark.parametrize("kind", ["pinned", "odp"])

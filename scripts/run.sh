@@ -70,7 +70,7 @@ if [ "$job" = check ]; then
 	# cache library) run on the production kernel only.
 	case $variant in
 	debug) suites="selftests pyverbs-tests"
-		pyverbs="test_harness.py test_rxe_odp.py test_fault_injection.py test_teardown.py test_stress.py test_limits.py" ;;
+		pyverbs="test_harness.py test_rxe_odp.py test_rxe_qp_events.py test_fault_injection.py test_teardown.py test_stress.py test_limits.py" ;;
 	*) suites="selftests pyverbs-tests rdma-core rdma-core-vs-stock cluster middleware" pyverbs="" ;;
 	esac
 	printf 'SUITES="%s"\nPYVERBS_TESTS="%s"\n' "$suites" "$pyverbs" >"$OUT/$dir/plan"

@@ -1,0 +1,65 @@
+# SPDX-License-Identifier: GPL-2.0
+"""The affiliated asynchronous events of an RC QP that an RDMA library's
+teardown relies on, counted: UCX, for one, moves a QP on an SRQ to the error
+state, waits for its Last WQE Reached event and asserts it comes once."""
+import time
+
+import pytest
+import pyverbs.enums as e
+from pyverbs.mr import MR
+from pyverbs.qp import QPAttr
+from pyverbs.srq import SRQ, SrqAttr, SrqInitAttr
+from pyverbs.wr import SGE, SendWR
+
+from conftest import LoopbackQP, async_events
+
+SENDS = 4
+
+
+@pytest.fixture
+def local(pd):
+    mr = MR(pd, 4096, e.IBV_ACCESS_LOCAL_WRITE)
+    yield mr
+    mr.close()
+
+
+def to_error(qp):
+    qp.qp.modify(QPAttr(qp_state=e.IBV_QPS_ERR), e.IBV_QP_STATE)
+
+
+def last_wqe_events(ctx, seconds):
+    events = async_events(ctx, seconds)
+    others = [ev for ev in events if ev != e.IBV_EVENT_QP_LAST_WQE_REACHED]
+    assert not others, f"unexpected events {others}"
+    return len(events)
+
+
+def test_last_wqe_reached_once_per_entry_into_the_error_state(ctx, pd, local):
+    """o11-5.2.5: a QP on an SRQ that enters the error state gets one Last
+    WQE Reached event. Packets its peer still sends (here SENDs, retried
+    until the peer's retry count runs out) each run the responder again:
+    none of them may raise the event a second time. After RESET and back to
+    RTS, the next entry into the error state gets its own event."""
+    srq = SRQ(pd, SrqInitAttr(SrqAttr(max_wr=SENDS, max_sge=1)))
+    sender = LoopbackQP(ctx, pd, connect=False)
+    sender.attr.retry_cnt = 2  # the error state answers nothing: let it give up
+    receiver = LoopbackQP(ctx, pd, connect=False, srq=srq)
+    sender.connect(receiver.qp.qp_num)
+    receiver.connect(sender.qp.qp_num)
+    assert async_events(ctx, 0) == [], "events before the test"
+
+    to_error(receiver)
+    assert last_wqe_events(ctx, 2) == 1, "entering the error state"
+
+    for i in range(SENDS):
+        sender.qp.post_send(SendWR(wr_id=i, opcode=e.IBV_WR_SEND, num_sge=1,
+                                   sg=[SGE(local.buf, 64, local.lkey)]))
+    statuses = [sender.wait(timeout=60) for _ in range(SENDS)]
+    assert statuses[0] == e.IBV_WC_RETRY_EXC_ERR, statuses
+    n = last_wqe_events(ctx, 2)
+    assert n == 0, f"{n} more Last WQE Reached events for packets that arrived in the error state"
+
+    receiver.qp.modify(QPAttr(qp_state=e.IBV_QPS_RESET), e.IBV_QP_STATE)
+    receiver.connect(sender.qp.qp_num)
+    to_error(receiver)
+    assert last_wqe_events(ctx, 2) == 1, "entering the error state again after RESET"
