@@ -1,38 +1,74 @@
 # SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
-"""libfabric's own MR cache (Debian's libfabric, verbs provider on rxe) under
-each memory monitor it can run: memhooks, userfaultfd, disabled, and memwatch
-imported through libfabric's public API (libodpwatch-ofi, by a call or by
-LD_PRELOAD of libodpwatch-ofi-preload.so). ofi-mr-cache-test
-(libprovider/tests/ofi_mr_cache_test.cpp) registers a buffer with fi_mr_reg,
-replaces its pages, registers again: the first registration's key back means
-the cache handed out the old pages' registration (stale)."""
+"""libfabric's own MR cache (verbs provider on rxe) under each memory monitor
+it can run: memhooks, userfaultfd, disabled, memwatch imported through
+libfabric's public API into Debian's libfabric (libodpwatch-ofi, by a call or
+by LD_PRELOAD of libodpwatch-ofi-preload.so), and memwatch built into
+libfabric (FI_MR_CACHE_MONITOR=memwatch: Debian's libfabric 2.1.0 source with
+the series of libprovider/libfabric/, in /out/guest/libfabric).
+ofi-mr-cache-test (libprovider/tests/ofi_mr_cache_test.cpp) registers a buffer
+with fi_mr_reg, replaces its pages, registers again: the first registration's
+key back means the cache handed out the old pages' registration (stale).
+libfabric's own fabtest of the cache, fi_mr_cache_evict, runs under each."""
 import ctypes
 import errno
 import os
 import pathlib
 import re
+import signal
 import subprocess
 
 import pytest
 
 BINARY = "/out/guest/bin/ofi-mr-cache-test"
 PRELOAD = "/out/guest/lib/libodpwatch-ofi-preload.so"
+LIBFABRIC = "/out/guest/libfabric"  # ours, with the native memwatch monitor
 N = 20
-MONITORS = ["memhooks", "userfaultfd", "disabled", "memwatch", "memwatch-preload"]
+MONITORS = ["memhooks", "userfaultfd", "disabled", "memwatch", "memwatch-preload",
+            "memwatch-native"]
+
+
+def monitor_env(monitor):
+    """The environment that selects @monitor (the import: see run())."""
+    env = dict(os.environ, FI_PROVIDER="verbs")
+    env.pop("FI_MR_CACHE_MONITOR", None)
+    if monitor == "memwatch-preload":
+        env["LD_PRELOAD"] = PRELOAD
+    elif monitor == "memwatch-native":
+        # Our libfabric in place of Debian's (same soname); its log says
+        # which monitor started.
+        env.update(FI_MR_CACHE_MONITOR="memwatch", LD_LIBRARY_PATH=f"{LIBFABRIC}/lib",
+                   FI_LOG_LEVEL="info", FI_LOG_SUBSYS="mr")
+    elif monitor != "memwatch":
+        env["FI_MR_CACHE_MONITOR"] = monitor
+    return env
+
+
+def check_native_started(monitor, stderr):
+    if monitor == "memwatch-native":
+        assert "memwatch memory monitor started" in stderr, stderr[-3000:]
+
+
+def run_group(args, env, timeout=300):
+    """subprocess.run, but a timeout kills the children too: a hung child of
+    fork() would keep the pipes open and the wait for them would never end."""
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=env, start_new_session=True) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, err = p.communicate()
+            pytest.fail(f"{args} still running after {timeout} s\n{out}{err[-3000:]}")
+    return subprocess.CompletedProcess(args, p.returncode, out, err)
 
 
 def run(case, monitor, iterations=N):
-    env = dict(os.environ, FI_PROVIDER="verbs")
-    env.pop("FI_MR_CACHE_MONITOR", None)
     args = [BINARY, "--iterations", str(iterations)]
     if monitor == "memwatch":
         args.append("--import")
-    elif monitor == "memwatch-preload":
-        env["LD_PRELOAD"] = PRELOAD
-    else:
-        env["FI_MR_CACHE_MONITOR"] = monitor
-    r = subprocess.run(args + [case], capture_output=True, text=True, timeout=300, env=env)
-    assert r.returncode == 0, r.stdout + r.stderr
+    r = run_group(args + [case], monitor_env(monitor))
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    check_native_started(monitor, r.stderr)
     return r.stdout
 
 
@@ -115,6 +151,46 @@ def test_fork_child_caches_nothing_parent_keeps_caching():
     assert child and parent and after, out
     assert (int(child[1]), int(child[2]) > 0) == (0, True), out
     assert (int(parent[1]), int(parent[2]), int(after[1])) == (1, 0, 1), out
+
+
+def test_native_monitor_fork_child_caches_nothing_parent_keeps_caching():
+    """The same for memwatch built into libfabric: the child's subscribes
+    fail (EPERM, the descriptor is the parent's), its registrations go
+    uncached; the parent's cache hits before and after."""
+    out = run("fork", "memwatch-native")
+    child = re.search(r"^result fork child hits=(\d+) refused=\d+$", out, re.M)
+    parent = re.search(r"^result fork parent hits=(\d+) child-exit=(\d+)$", out, re.M)
+    after = re.search(r"^result fork parent-after hits=(\d+)$", out, re.M)
+    assert child and parent and after, out
+    assert (int(child[1]), int(parent[1]), int(parent[2]), int(after[1])) == (0, 1, 0, 1), out
+
+
+# fabtests' fi_mr_cache_evict: a buffer freed (munmap, brk, sbrk) and
+# allocated again at its address must be registered anew, which it infers
+# from registration times: a cached registration must take under 20% of a
+# new one, else it says the cache is off and skips. With its default 16 KiB
+# buffers that verdict is noise under QEMU (the disabled cache passed the
+# mmap case, memwatch skipped all three); 4 MiB buffers (1024 pages to pin)
+# make a new registration far slower than any hit. Not run with the cache
+# off: the first registration also faults the fresh pages in, the second
+# of the same pages does not, and so the off cache passed two of the three
+# cases too.
+EVICT_TESTS = ["mr_cache_mmap_test", "mr_cache_brk_test", "mr_cache_sbrk_test"]
+EVICT_MONITORS = ["memhooks", "userfaultfd", "memwatch-preload", "memwatch-native"]
+
+
+@pytest.mark.parametrize("monitor", EVICT_MONITORS)
+def test_fabtests_mr_cache_evict(monitor):
+    env = monitor_env(monitor)
+    env["LD_LIBRARY_PATH"] = f"{LIBFABRIC}/lib"
+    r = run_group([f"{LIBFABRIC}/bin/fi_mr_cache_evict", "-p", "verbs", "-s", str(4 << 20)], env)
+    print(r.stdout)
+    check_native_started(monitor, r.stderr)
+    got = dict(re.findall(r"^Running (\w+) \[.*?\]\.\.\.(PASS|FAIL|skipped|requires)", r.stdout,
+                          re.M))
+    assert {t: got.get(t) for t in EVICT_TESTS} == dict.fromkeys(EVICT_TESTS, "PASS"), \
+        r.stdout + r.stderr[-3000:]
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
 
 
 def test_import_twice_and_close():

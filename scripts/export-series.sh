@@ -2,6 +2,9 @@
 # Export the whole kernel change as a git format-patch series with a cover
 # letter into $OUT/series, in the order of kernel-patches/series: each patch
 # is applied with git am, each "add" entry commits our own files from the repo.
+# The userspace series go beside it, each checked to apply to its base with
+# git am: $OUT/series/rdma-core/ (libprovider/rdma-core/, Debian's rdma-core)
+# and $OUT/series/libfabric/ (libprovider/libfabric/, libfabric's source).
 . "$(dirname "$0")/lib.sh"
 
 tree=$("$TOP/scripts/materialise.sh")
@@ -60,3 +63,14 @@ text = text.replace("*** SUBJECT HERE ***", subject).replace("*** BLURB HERE ***
 open(path, "w").write(text)
 PY
 log "series: $(ls "$OUT"/series/*.patch | wc -l) files (cover letter + $(g rev-list --count odpwatch-base..series) patches) in $OUT/series"
+
+for project in rdma-core libfabric; do
+	base=$("$TOP/scripts/fetch-$project.sh")
+	scratch_at_base "$base" "$CACHE/series-export-$project" series
+	git -C "$CACHE/series-export-$project" -c user.name=odpwatch -c user.email=odpwatch@localhost \
+		am -q "$TOP/libprovider/$project"/*.patch ||
+		die "the $project series (libprovider/$project/) does not apply to its base with git am"
+	mkdir -p "$OUT/series/$project"
+	cp "$TOP/libprovider/$project"/*.patch "$OUT/series/$project/"
+	log "series: $project: $(ls "$OUT/series/$project" | wc -l) patches in $OUT/series/$project"
+done

@@ -12,6 +12,9 @@ BASE_PKG=linux-source-7.3
 BASE_VERSION=${BASE_VERSION:-7.3.4-1~bpo13+1}
 # The rdma-core our series (libprovider/rdma-core/) applies to: trixie's.
 RDMA_CORE_VERSION=56.1-1
+# libfabric: upstream source from Debian's orig tarball (scripts/fetch-libfabric.sh)
+LIBFABRIC_VERSION=2.1.0
+LIBFABRIC_DEBIAN_VERSION=2.1.0-1.1
 # Guest root filesystem suite.
 GUEST_SUITE=trixie
 

@@ -20,7 +20,7 @@ rm -f "$OUT/.over-budget"
 # in README: a stage over its budget says so loudly. The guest run's own
 # deadline (TIMEOUT) is the hard limit; these are the early warning.
 declare -A budget=([host]=300 [materialise]=240 [kernel-std]=900 [kernel-debug]=1000
-	[series]=300 [lint]=120 [i386]=240 [rootfs]=300 [rdma-core]=360 [userspace]=300
+	[series]=300 [lint]=120 [i386]=240 [rootfs]=300 [rdma-core]=360 [userspace]=300 [libfabric]=600
 	[guest-check-std]=600 [guest-check-debug]=1200 [cluster]=600 [middleware]=900)
 budgeted() { STAGE_BUDGET=${budget[$1]:-} stage "${@:2}"; }
 # A stage on the two-guest cluster, in $OUT/$dir/SUB: node 0 runs CMD0, node 1 CMD1.
@@ -60,6 +60,7 @@ stock=$(cat "$OUT/.rootfs-stock")
 budgeted rdma-core "rdma-core (our series)" "$TOP/scripts/build-rdma-core.sh" "$stock" >"$OUT/.rootfs"
 rootfs=$(cat "$OUT/.rootfs")
 budgeted userspace "guest userspace (chroot)" "$TOP/scripts/build-guest.sh" "$rootfs" "$tree" "$build"
+budgeted libfabric "libfabric with the memwatch monitor (chroot)" "$TOP/scripts/build-libfabric.sh" "$rootfs" "$tree" "$build"
 
 if [ "$job" = check ]; then
 	# What each kernel runs. The debug kernel (KASAN, lockdep, kmemleak, fault
