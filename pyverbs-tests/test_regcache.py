@@ -26,7 +26,7 @@ CASES = ["reuse-pinned", "reuse-explicit-odp", "reuse-implicit-odp",
          "overlap-pinned", "overlap-explicit-odp", "memlock-retry", "fork-child",
          "default-limits", "eviction-order", "churn", "more-ways-to-free-pinned",
          "more-ways-to-free-explicit-odp", "more-ways-to-free-implicit-odp", "huge-pages-pinned",
-         "huge-pages-explicit-odp", "failed-registration"]
+         "huge-pages-explicit-odp", "failed-registration", "brk-pinned", "brk-explicit-odp"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -12,6 +12,7 @@
 #include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <malloc.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -296,6 +297,48 @@ void more_ways_to_free(int policy)
 		w.teardown(at);
 		std::printf("# %s: new bytes sent\n", w.name);
 	}
+}
+
+// The program break: a buffer at the top of the heap, given back with
+// sbrk(-len) and grown again at the same address (new, zeroed pages). In a
+// child, whose malloc is told to leave the break alone (every allocation
+// from mmap), so that moving the break cannot cut into its heap.
+void brk_shrink_and_grow(int policy)
+{
+	pid_t pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		int rc = 1;
+		try {
+			CHECK(mallopt(M_MMAP_THRESHOLD, 1) == 1);
+			Peer p;
+			Cache c(policy);
+			const uintptr_t page = sysconf(_SC_PAGESIZE);
+			const uintptr_t brk0 = reinterpret_cast<uintptr_t>(sbrk(0));
+			CHECK(sbrk((page - brk0 % page) % page) != reinterpret_cast<void *>(-1));
+			auto *at = static_cast<std::byte *>(sbrk(buf_len));
+			CHECK(at != reinterpret_cast<void *>(-1));
+			std::memset(at, 'A', buf_len);
+			p.send_range(c.c, at, buf_len);
+			CHECK(sbrk(-intptr_t(buf_len)) != reinterpret_cast<void *>(-1));
+			CHECK(sbrk(buf_len) == at);
+			CHECK(std::all_of(at, at + buf_len,
+					  [](std::byte b) { return b == std::byte(0); }));
+			std::memset(at, 'B', buf_len);
+			p.send_range(c.c, at, buf_len);
+			std::printf("# brk at %p: new bytes sent, %lu registrations\n",
+				    static_cast<void *>(at),
+				    (unsigned long)c.stats().registrations);
+			rc = 0;
+		} catch (const std::exception &e) {
+			std::printf("# child: %s\n", e.what());
+		}
+		std::fflush(stdout);
+		_exit(rc);
+	}
+	int st = 0;
+	CHECK(waitpid(pid, &st, 0) == pid);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
 // Huge pages: a hugetlb page replaced whole, and a THP-backed 4 MiB buffer
@@ -905,6 +948,8 @@ const std::map<std::string, std::function<void()>> cases = {
 	{"huge-pages-pinned", [] { huge_pages(ODPWATCH_CACHE_PINNED); }},
 	{"huge-pages-explicit-odp", [] { huge_pages(ODPWATCH_CACHE_EXPLICIT_ODP); }},
 	{"failed-registration", failed_registration},
+	{"brk-pinned", [] { brk_shrink_and_grow(ODPWATCH_CACHE_PINNED); }},
+	{"brk-explicit-odp", [] { brk_shrink_and_grow(ODPWATCH_CACHE_EXPLICIT_ODP); }},
 };
 
 } // namespace
