@@ -166,31 +166,39 @@ def test_native_monitor_fork_child_caches_nothing_parent_keeps_caching():
 
 
 # fabtests' fi_mr_cache_evict: a buffer freed (munmap, brk, sbrk) and
-# allocated again at its address must be registered anew, which it infers
-# from registration times: a cached registration must take under 20% of a
-# new one, else it says the cache is off and skips. With its default 16 KiB
-# buffers that verdict is noise under QEMU (the disabled cache passed the
-# mmap case, memwatch skipped all three); 4 MiB buffers (1024 pages to pin)
-# make a new registration far slower than any hit. Not run with the cache
-# off: the first registration also faults the fresh pages in, the second
-# of the same pages does not, and so the off cache passed two of the three
-# cases too.
+# allocated again at its address must be registered anew. It decides from
+# registration times: a hit must take under 20% of a new registration, else
+# it says the cache is off and skips the case; a registration of the new
+# pages that fast is a stale hit, FAIL. With its default 16 KiB buffers
+# that verdict was noise under QEMU (the disabled cache passed the mmap
+# case, memwatch skipped all three); 16 MiB buffers (4096 pages to pin)
+# make a new registration far slower than a hit. A skip is no verdict: a
+# case that skipped runs again (3 runs at most), a FAIL fails at once. Not
+# run with the cache off: the first registration also faults the fresh
+# pages in, the second does not, and the off cache "passed" two cases.
 EVICT_TESTS = ["mr_cache_mmap_test", "mr_cache_brk_test", "mr_cache_sbrk_test"]
 EVICT_MONITORS = ["memhooks", "userfaultfd", "memwatch-preload", "memwatch-native"]
 
 
 @pytest.mark.parametrize("monitor", EVICT_MONITORS)
 def test_fabtests_mr_cache_evict(monitor):
-    env = monitor_env(monitor)
-    env["LD_LIBRARY_PATH"] = f"{LIBFABRIC}/lib"
-    r = run_group([f"{LIBFABRIC}/bin/fi_mr_cache_evict", "-p", "verbs", "-s", str(4 << 20)], env)
-    print(r.stdout)
-    check_native_started(monitor, r.stderr)
-    got = dict(re.findall(r"^Running (\w+) \[.*?\]\.\.\.(PASS|FAIL|skipped|requires)", r.stdout,
-                          re.M))
-    assert {t: got.get(t) for t in EVICT_TESTS} == dict.fromkeys(EVICT_TESTS, "PASS"), \
-        r.stdout + r.stderr[-3000:]
-    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    # Lazy symbol binding on the first hit is no part of a hit's cost.
+    env = dict(monitor_env(monitor), LD_LIBRARY_PATH=f"{LIBFABRIC}/lib", LD_BIND_NOW="1")
+    passed, log = set(), ""
+    for attempt in range(3):
+        r = run_group([f"{LIBFABRIC}/bin/fi_mr_cache_evict", "-p", "verbs", "-s",
+                       str(16 << 20)], env)
+        log += f"run {attempt + 1}:\n{r.stdout}"
+        check_native_started(monitor, r.stderr)
+        assert r.returncode == 0, log + r.stderr[-3000:]
+        got = dict(re.findall(r"^Running (\w+) \[.*?\]\.\.\.(PASS|FAIL|skipped|requires)",
+                              r.stdout, re.M))
+        assert not [t for t in EVICT_TESTS if got.get(t) == "FAIL"], log + r.stderr[-3000:]
+        passed |= {t for t in EVICT_TESTS if got.get(t) == "PASS"}
+        if passed == set(EVICT_TESTS):
+            break
+    print(log)
+    assert passed == set(EVICT_TESTS), log
 
 
 def test_import_twice_and_close():
