@@ -4,9 +4,13 @@ charged to the memory cgroup of the process that adds them, so a cgroup's
 limit stops a flood of watches (ENOMEM or the cgroup's OOM killer), long
 before the per-descriptor or per-user limits. The per-user, per-descriptor
 and queue limits themselves are the memwatch kselftests'."""
+import contextlib
+import ctypes
+import errno
 import os
 import re
 import signal
+import struct
 import subprocess
 
 import pytest
@@ -69,3 +73,52 @@ def test_memcg_limit_stops_a_watch_flood(memcg):
     added = int(stopped.group(1)) if stopped else max(counts, default=0)
     # 24 MiB holds ~100k watches at most: the memcg stopped it, not a count.
     assert 0 < added < (1 << 20) // 4, f"{added} watches added"
+
+
+@contextlib.contextmanager
+def zram_swap(size):
+    """A zram swap device of @size bytes (uncompressed), with a version-1
+    swap header written here (no mkswap needed); off and reset after."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    with open("/sys/block/zram0/disksize", "w") as f:
+        f.write(str(size))
+    hdr = bytearray(page)
+    hdr[1024:1032] = struct.pack("<II", 1, size // page - 1)  # version, last_page
+    hdr[page - 10:] = b"SWAPSPACE2"
+    with open("/dev/zram0", "r+b") as f:
+        f.write(hdr)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.swapon(b"/dev/zram0", 0):
+        raise OSError(ctypes.get_errno(), "swapon /dev/zram0")
+    try:
+        yield
+    finally:
+        libc.swapoff(b"/dev/zram0")
+        with open("/sys/block/zram0/reset", "w") as f:
+            f.write("1")
+
+
+@pytest.mark.parametrize("resident", [2, 4])
+def test_demand_paging_beyond_memory(resident):
+    """An ODP MR over 64 MiB whose memory cgroup may keep only 1/2 or 1/4 of
+    it resident, zram swap behind it: RDMA WRITE of every 1 MiB chunk, then
+    RDMA READ of each back, byte-exact while pages go out to swap and come
+    back for the transfers. A pinned registration of the same buffer fails
+    cleanly (ENOMEM under RLIMIT_MEMLOCK), pinning nothing."""
+    mib = 64
+    with zram_swap(4 * mib << 20), memory_cgroup("odpwatch-beyond",
+                                                 (mib << 20) // resident) as cg:
+        p = run_in(cg, "beyond-memory", str(mib))
+    print(p.stdout)
+    assert p.returncode == 0, p.stdout + p.stderr
+    m = re.search(r"pages swapped out (\d+) during the writes, (\d+) in all; swapped in (\d+); "
+                  r"(\d+) chunks wrong", p.stdout)
+    assert m, p.stdout
+    out_writing, out_all, swapped_in, wrong = map(int, m.groups())
+    assert wrong == 0, p.stdout
+    # Beyond memory indeed: the writes pushed pages out, the reads brought
+    # them back.
+    assert out_writing > 0 and swapped_in > 0, p.stdout
+    m = re.search(r"pinned: registration of the \d+ MiB: errno (\d+) .*VmPin (\d+) KiB -> (\d+) KiB",
+                  p.stdout)
+    assert m and int(m[1]) == errno.ENOMEM and m[2] == m[3], p.stdout

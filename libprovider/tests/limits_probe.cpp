@@ -8,6 +8,13 @@
 //                    memory.current before, with and after them
 //   watch-flood      add one-page watches until the kernel says no; prints
 //                    the count as it goes, and the errno at the end
+//   beyond-memory MIB  an ODP MR over MIB MiB in a memory cgroup that may
+//                    keep only part of it resident (swap behind it): every
+//                    1 MiB chunk RDMA-written, then each read back with RDMA
+//                    READ and compared byte for byte; prints the swap traffic
+//                    and the time of each pass. Then a pinned registration
+//                    of the same buffer under RLIMIT_MEMLOCK (CAP_IPC_LOCK
+//                    dropped) at the buffer's half: ENOMEM, nothing pinned.
 #include "check.hpp"
 #include "memwatch.hpp"
 #include "verbs.hpp"
@@ -176,6 +183,77 @@ void watch_flood()
 	std::printf("stopped after %zu watches: the descriptor's limit\n", max);
 }
 
+// A counter of /proc/vmstat.
+size_t vmstat(const std::string &name)
+{
+	std::ifstream f("/proc/vmstat");
+	std::string key;
+	size_t value = 0;
+	while (f >> key >> value)
+		if (key == name)
+			return value;
+	throw test::Failure("no " + name + " in /proc/vmstat");
+}
+
+// The bytes of chunk @n: not one repeated byte, which zram would keep as a
+// fill value instead of swapping the page's data.
+std::byte pattern(size_t n, size_t off)
+{
+	return std::byte((off * 131 + n * 7 + (off >> 12)) & 0xff);
+}
+
+void beyond_memory(size_t mib)
+{
+	auto ctx = verbs::open_device("rxe0");
+	auto pd = verbs::alloc_pd(ctx.get());
+	verbs::LoopbackQp qp(ctx.get(), pd.get());
+	const size_t len = mib * MiB, chunk = MiB;
+	verbs::Mapping buf(len), stage(chunk);
+	verbs::Mr odp = verbs::reg_mr(pd.get(), buf.data(), len, kOdp | IBV_ACCESS_REMOTE_READ);
+	verbs::Mr stage_mr = verbs::reg_mr(pd.get(), stage.data(), chunk, kPinned);
+	const size_t out0 = vmstat("pswpout"), in0 = vmstat("pswpin");
+	using clock = std::chrono::steady_clock;
+
+	auto t0 = clock::now();
+	for (size_t n = 0; n < len / chunk; n++) {
+		for (size_t off = 0; off < chunk; off++)
+			stage.data()[off] = pattern(n, off);
+		CHECK(qp.rdma_write(stage_mr.get(), stage.data(), chunk, odp.get(),
+				    buf.data() + n * chunk) == IBV_WC_SUCCESS);
+	}
+	auto t1 = clock::now();
+	const size_t out1 = vmstat("pswpout");
+	size_t bad_chunks = 0;
+	for (size_t n = 0; n < len / chunk; n++) {
+		std::memset(stage.data(), 0, chunk);
+		CHECK(qp.rdma(IBV_WR_RDMA_READ, stage_mr.get(), stage.data(), chunk, odp.get(),
+			      buf.data() + n * chunk) == IBV_WC_SUCCESS);
+		for (size_t off = 0; off < chunk; off++)
+			if (stage.data()[off] != pattern(n, off)) {
+				std::printf("chunk %zu: first wrong byte at %zu\n", n, off);
+				bad_chunks++;
+				break;
+			}
+	}
+	auto t2 = clock::now();
+	auto ms = [](auto d) {
+		return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+	};
+	std::printf("odp: %zu MiB written in %lld ms, read back in %lld ms; pages swapped out "
+		    "%zu during the writes, %zu in all; swapped in %zu; %zu chunks wrong\n",
+		    mib, (long long)ms(t1 - t0), (long long)ms(t2 - t1), out1 - out0,
+		    vmstat("pswpout") - out0, vmstat("pswpin") - in0, bad_chunks);
+
+	drop_ipc_lock();
+	rlimit lim{.rlim_cur = len / 2, .rlim_max = len / 2};
+	CHECK(setrlimit(RLIMIT_MEMLOCK, &lim) == 0);
+	const size_t pinned = vm_pin_kib();
+	const int err = reg_errno(pd.get(), buf.data(), len, kPinned);
+	std::printf("pinned: registration of the %zu MiB: errno %d (%s), VmPin %zu KiB -> %zu "
+		    "KiB\n",
+		    mib, err, std::strerror(err), pinned, vm_pin_kib());
+}
+
 } // namespace
 
 int main(int argc, char **argv)
@@ -188,8 +266,12 @@ int main(int argc, char **argv)
 			watch_charge(std::stoul(argv[2]));
 		else if (mode == "watch-flood")
 			watch_flood();
+		else if (mode == "beyond-memory" && argc > 2)
+			beyond_memory(std::stoul(argv[2]));
 		else {
-			std::fprintf(stderr, "usage: %s memlock | watch-charge N | watch-flood\n",
+			std::fprintf(stderr,
+				     "usage: %s memlock | watch-charge N | watch-flood | "
+				     "beyond-memory MIB\n",
 				     argv[0]);
 			return 2;
 		}
