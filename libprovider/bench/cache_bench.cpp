@@ -227,7 +227,9 @@ int cache_bench(const Options &o)
 		      {"peers: libfabric MR cache, userfaultfd",
 		       [&] { run_peer(rep, o, "libfabric-uffd"); }},
 		      {"peers: libfabric MR cache, memwatch (libodpwatch-ofi)",
-		       [&] { run_peer(rep, o, "libfabric-memwatch"); }}});
+		       [&] { run_peer(rep, o, "libfabric-memwatch"); }},
+		      {"peers: libfabric MR cache, memwatch built in",
+		       [&] { run_peer(rep, o, "libfabric-memwatch-native"); }}});
 	rep.finish(o.csv);
 	return 0;
 }

@@ -2,7 +2,9 @@
 // libfabric's MR cache as its users meet it: fi_mr_reg/fi_close on a verbs
 // provider domain, which caches registrations and drops them when its
 // memory monitor (FI_MR_CACHE_MONITOR) reports an unmap; or with memwatch
-// imported as that monitor (libodpwatch-ofi, monitor "memwatch").
+// imported as that monitor (libodpwatch-ofi, monitor "memwatch"); or with
+// memwatch built into libfabric (our series, monitor "memwatch-native": the
+// peer runs with that libfabric, see main.cpp).
 #include "peers.hpp"
 
 #include <odpwatch/ofi_monitor.h>
@@ -11,6 +13,7 @@
 #include <rdma/fi_domain.h>
 #include <rdma/fi_errno.h>
 
+#include <dlfcn.h>
 #include <sys/mman.h>
 
 #include <cerrno>
@@ -53,6 +56,19 @@ public:
 		if (monitor == "memwatch") {
 			if (int rc = odpwatch_ofi_monitor_import())
 				throw verbs::Error("odpwatch_ofi_monitor_import", -rc);
+		} else if (monitor == "memwatch-native") {
+			// Debian's libfabric does not know the name and would run
+			// its default monitor under our label.
+			Dl_info where{};
+			if (!dladdr(reinterpret_cast<void *>(&fi_getinfo), &where) ||
+			    !std::strstr(where.dli_fname, kNativeLibfabricDir))
+				throw verbs::Error(
+					std::string("memwatch-native needs the libfabric "
+						    "in ") +
+						kNativeLibfabricDir + ", not " +
+						(where.dli_fname ? where.dli_fname : "?"),
+					ENOENT);
+			setenv("FI_MR_CACHE_MONITOR", "memwatch", 1);
 		} else {
 			setenv("FI_MR_CACHE_MONITOR", monitor.c_str(), 1);
 		}
@@ -89,6 +105,9 @@ public:
 			return "libodpwatch-ofi: valid() loads the region's memwatch word; a "
 			       "thread "
 			       "flushes the ranges memwatch reports";
+		if (monitor_ == "memwatch-native")
+			return "memwatch built into libfabric: valid() loads the region's "
+			       "word; a thread flushes the ranges memwatch reports";
 		return monitor_ == "memhooks"
 			       ? "hooks on libc's memory calls flush the cache's entries"
 			       : "a monitor thread reads userfaultfd unmap events";

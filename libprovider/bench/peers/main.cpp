@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <fstream>
@@ -84,12 +85,31 @@ int main(int argc, char **argv)
 {
 	if (argc < 2) {
 		std::fprintf(stderr,
-			     "usage: %s ucx|libfabric-memhooks|libfabric-uffd|libfabric-memwatch "
-			     "[--reps N] [--quick] [--device NAME]\n",
+			     "usage: %s ucx|libfabric-memhooks|libfabric-uffd|libfabric-memwatch|"
+			     "libfabric-memwatch-native [--reps N] [--quick] [--device NAME]\n",
 			     argv[0]);
 		return 2;
 	}
 	const std::string peer = argv[1];
+	// The native monitor is in our libfabric, not Debian's (same soname):
+	// run again with it first in the library path.
+	if (peer == "libfabric-memwatch-native" && !getenv("ODPWATCH_PEER_NATIVE")) {
+		char self[4096];
+		ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+		if (n <= 0) {
+			std::perror("readlink /proc/self/exe");
+			return 1;
+		}
+		self[n] = 0;
+		std::string dir(self);
+		dir = dir.substr(0, dir.rfind('/'));
+		dir = dir.substr(0, dir.rfind('/')) + kNativeLibfabricDir;
+		setenv("LD_LIBRARY_PATH", dir.c_str(), 1);
+		setenv("ODPWATCH_PEER_NATIVE", "1", 1);
+		execv(self, argv);
+		std::perror("execv");
+		return 1;
+	}
 	Options o;
 	for (int i = 2; i < argc; i++) {
 		if (!std::strcmp(argv[i], "--quick"))
@@ -113,6 +133,8 @@ int main(int argc, char **argv)
 			c = make_libfabric_cache(o.device, "userfaultfd");
 		else if (peer == "libfabric-memwatch")
 			c = make_libfabric_cache(o.device, "memwatch");
+		else if (peer == "libfabric-memwatch-native")
+			c = make_libfabric_cache(o.device, "memwatch-native");
 		else {
 			std::fprintf(stderr, "%s: unknown peer '%s'\n", argv[0], peer.c_str());
 			return 2;

@@ -14,8 +14,13 @@ namespace odpwatch::bench
 // UCX's ucs_rcache, told of unmaps by ucm's hooks in libc.
 std::unique_ptr<CacheUnderTest> make_ucx_rcache(const std::string &device);
 // libfabric's MR cache inside its verbs provider; @monitor is what
-// FI_MR_CACHE_MONITOR names: "memhooks" or "userfaultfd".
+// FI_MR_CACHE_MONITOR names ("memhooks", "userfaultfd"), "memwatch"
+// (libodpwatch-ofi imported) or "memwatch-native" (libfabric built with our
+// series, loaded from kNativeLibfabricDir).
 std::unique_ptr<CacheUnderTest> make_libfabric_cache(const std::string &device,
 						     const std::string &monitor);
+// Where scripts/build-libfabric.sh installs that libfabric's libraries,
+// relative to the directory of our programs (/out/guest/bin).
+inline constexpr const char *kNativeLibfabricDir = "/libfabric/lib";
 
 } // namespace odpwatch::bench
