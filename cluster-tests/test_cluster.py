@@ -137,7 +137,7 @@ def test_invalidation_while_streaming(peer, qp, local_mem):
 def test_peer_qp_destroyed_mid_stream(peer, ctx, pd, local_mem):
     """Node 1 destroys its QP: node 0's WRITE ends in a retry-exceeded error
     (no hang, no crash on either kernel), and a new QP pair works. With
-    retry_cnt 6: rxe retries forever at 7 (see verbs.RemoteQP.connect)."""
+    retry_cnt 6: unpatched rxe retried 7 for ever (see verbs.RemoteQP.connect)."""
     q = verbs.RemoteQP(ctx, pd)
     remote = peer.qp()
     peer.connect(remote["h"], q.qpn, q.gid)

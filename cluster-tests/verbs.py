@@ -63,8 +63,8 @@ class RemoteQP:
 
     def connect(self, qpn, gid, retry_cnt=7):
         """To RTS towards QP @qpn at RoCE v2 GID @gid (a string). retry_cnt 7
-        (perftest's, UCX's and libfabric's default) means retry forever to
-        rxe (rxe_comp.c never counts it down): a QP that must see its peer
+        is perftest's, UCX's and libfabric's default; unpatched rxe retried
+        it for ever (kernel-patches/0016), so a QP that must see its peer
         vanish uses 6."""
         a = self.attr
         a.ah_attr = AHAttr(port_num=1, is_global=1,

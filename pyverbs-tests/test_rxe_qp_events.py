@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: GPL-2.0
-"""The affiliated asynchronous events of an RC QP that an RDMA library's
-teardown relies on, counted: UCX, for one, moves a QP on an SRQ to the error
-state, waits for its Last WQE Reached event and asserts it comes once."""
+"""What an RDMA library's teardown relies on from an RC QP: UCX, for one,
+moves a QP on an SRQ to the error state, waits for its Last WQE Reached
+event and asserts it comes once; and requests to a peer that went away
+must end with RETRY_EXC_ERR, not be retried for ever."""
 import time
 
 import pytest
@@ -67,3 +68,26 @@ def test_last_wqe_reached_once_per_move_to_the_error_state(ctx, pd, local):
     receiver.connect(sender.qp.qp_num)
     to_error(receiver)
     assert last_wqe_events(ctx, 2) == 1, "entering the error state again after RESET"
+
+
+def test_retry_count_7_is_seven_retries_not_forever(ctx, pd, local):
+    """A request its peer never acknowledges completes with RETRY_EXC_ERR
+    once the transport retry count runs out, 7 included: only the RNR retry
+    count gives 7 the meaning "infinite". 7 is what perftest, UCX and
+    libfabric ask for; MPICH over UCX hung in MPI_Finalize on rxe when the
+    other rank had closed its QPs first."""
+    sender = LoopbackQP(ctx, pd, connect=False)
+    assert sender.attr.retry_cnt == 7 and sender.attr.timeout == 14  # 8 x 67 ms
+    receiver = LoopbackQP(ctx, pd, connect=False)
+    sender.connect(receiver.qp.qp_num)
+    receiver.connect(sender.qp.qp_num)
+    to_error(receiver)  # answers nothing, as a peer that went away
+    sender.qp.post_send(SendWR(wr_id=1, opcode=e.IBV_WR_SEND, num_sge=1,
+                               sg=[SGE(local.buf, 64, local.lkey)]))
+    start = time.monotonic()
+    try:
+        status = sender.wait(timeout=30)
+    except TimeoutError:
+        pytest.fail("no completion in 30 s: retry_cnt 7 retried for ever")
+    assert status == e.IBV_WC_RETRY_EXC_ERR, status
+    print(f"RETRY_EXC_ERR after {time.monotonic() - start:.2f} s")
