@@ -2,7 +2,6 @@
 """What both nodes of the cluster suite use: memory, MRs of each kind and an
 RC QP connected to a QP on the other node (by its number and RoCE v2 GID)."""
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,12 +16,11 @@ from pyverbs.wr import RecvWR, SGE, SendWR
 # Memory, byte comparison and the GID lookup: the pyverbs tests' own.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "pyverbs-tests"))
 from rxe_env import (assert_bytes, madvise_dontneed, mmap_anon,  # noqa: E402,F401
-                     munmap, roce_v2_ipv4_gid)
+                     mr_counters, munmap, roce_v2_ipv4_gid)
 
 RDMA_DEV = os.environ.get("RDMA_DEV", "rxe0")
 PORT = 18600            # the agent's RPC port on node 1 (perftest takes 18515)
 AUTHKEY = b"odpwatch-cluster"
-ODPWATCH = "/out/guest/bin/odpwatch"
 
 REMOTE = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ |
           e.IBV_ACCESS_REMOTE_ATOMIC)
@@ -105,15 +103,3 @@ class RemoteQP:
         self.qp.post_send(wr)
 
 
-def mr_counters(lkey):
-    """The ODP counters of the MR with @lkey, from `odpwatch mr-counters`."""
-    r = subprocess.run([ODPWATCH, "-d", RDMA_DEV, "mr-counters"], capture_output=True, text=True,
-                       timeout=60, check=True)
-    lines = r.stdout.splitlines()
-    head = next(i for i, line in enumerate(lines) if line.split()[:1] == ["mrn"])
-    cols = lines[head].split()
-    for line in lines[head + 1:]:
-        row = dict(zip(cols, line.split()))
-        if row and int(row["lkey"], 16) == lkey:
-            return {k: v for k, v in row.items()}
-    return None

@@ -11,7 +11,7 @@ from pyverbs.addr import AHAttr, GlobalRoute
 from pyverbs.cq import CQ
 from pyverbs.device import Context
 from pyverbs.pd import PD
-from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+from pyverbs.qp import QP, QPAttr, QPCap, QPEx, QPInitAttr, QPInitAttrEx
 from pyverbs.wr import RecvWR, SGE, SendWR
 
 # Shared with cluster-tests/ (re-exported: the tests import them from here).
@@ -31,16 +31,27 @@ class LoopbackQP:
     """An RC QP connected to itself (or, with pair(), two connected to each
     other): RDMA goes through the whole transport."""
 
-    def __init__(self, ctx, pd, port=1, connect=True, srq=None):
+    def __init__(self, ctx, pd, port=1, connect=True, srq=None, flush=False):
         """connect=False leaves the QP in INIT, for connect() to another;
-        srq: the shared receive queue its receives come from."""
+        srq: the shared receive queue its receives come from; flush: an
+        extended QP that posts and accepts RDMA FLUSH (see flush())."""
         self.cq = CQ(ctx, 16)
         cap = QPCap(max_send_wr=8, max_recv_wr=8, max_send_sge=1, max_recv_sge=1)
-        init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap, srq=srq)
         attr = QPAttr(port_num=port)
         attr.qp_access_flags = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE |
                                 e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_ATOMIC)
-        self.qp = QP(pd, init, attr)
+        if flush:
+            attr.qp_access_flags |= e.IBV_ACCESS_FLUSH_GLOBAL | e.IBV_ACCESS_FLUSH_PERSISTENT
+            init = QPInitAttrEx(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap,
+                                srq=srq, pd=pd,
+                                comp_mask=(e.IBV_QP_INIT_ATTR_PD |
+                                           e.IBV_QP_INIT_ATTR_SEND_OPS_FLAGS),
+                                send_ops_flags=(e.IBV_QP_EX_WITH_FLUSH |
+                                                e.IBV_QP_EX_WITH_RDMA_WRITE))
+            self.qp = QPEx(ctx, init, attr)
+        else:
+            init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap, srq=srq)
+            self.qp = QP(pd, init, attr)
         gid_index = roce_v2_ipv4_gid_index(RDMA_DEV, port)
         gr = GlobalRoute(dgid=ctx.query_gid(port, gid_index), sgid_index=gid_index)
         attr.ah_attr = AHAttr(port_num=port, is_global=1, gr=gr)
@@ -86,6 +97,16 @@ class LoopbackQP:
         wr = SendWR(opcode=opcode, num_sge=1, sg=[SGE(src_addr, length, src_mr.lkey)])
         wr.set_wr_rdma(dst_mr.rkey, dst_addr)
         self.qp.post_send(wr)
+        return self.wait(timeout)
+
+    def flush(self, mr, addr, length, ptype, level, timeout=120.0):
+        """Post one signaled RDMA FLUSH (a QP made with flush=True) and return
+        its completion status."""
+        self.qp.wr_start()
+        self.qp.wr_id = 1
+        self.qp.wr_flags = e.IBV_SEND_SIGNALED
+        self.qp.wr_flush(mr.rkey, addr, length, ptype, level)
+        self.qp.wr_complete()
         return self.wait(timeout)
 
     def fetch_add(self, local_mr, local_addr, dst_mr, dst_addr, add):

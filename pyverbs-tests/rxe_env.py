@@ -4,6 +4,7 @@ without pytest: anonymous memory through libc, byte comparison, and the
 device's RoCE v2 GID."""
 import ctypes
 import os
+import subprocess
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mmap.restype = ctypes.c_void_p
@@ -72,3 +73,19 @@ def roce_v2_ipv4_gid(dev, port=1):
         if gid_type == "RoCE v2" and gid.startswith("0000:0000:0000:0000:0000:ffff:"):
             return int(name), gid
     raise RuntimeError(f"{dev}: no RoCE v2 IPv4 GID (does the netdev have an address?)")
+
+
+def mr_counters(lkey, dev=None):
+    """The ODP counters of the MR with @lkey, from `odpwatch mr-counters`
+    (strings, by column name), or None if the device lists no such MR."""
+    dev = dev or os.environ.get("RDMA_DEV", "rxe0")
+    r = subprocess.run(["/out/guest/bin/odpwatch", "-d", dev, "mr-counters"],
+                       capture_output=True, text=True, timeout=60, check=True)
+    lines = r.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:1] == ["mrn"])
+    cols = lines[head].split()
+    for line in lines[head + 1:]:
+        row = dict(zip(cols, line.split()))
+        if row and int(row["lkey"], 16) == lkey:
+            return row
+    return None

@@ -5,8 +5,8 @@ allocation of each fails in turn through the task's fail-nth until the
 operation gets through; every failure must give a clean errno and leave
 nothing behind. Then what fail-nth cannot reach, rxe's work items: traffic
 while failslab and fail_page_alloc fail 2% of the allocations made under
-rxe's ODP code, and a WRITE whose responder fault finds its first
-allocations all failing. Needs a kernel with fault injection (the debug kernel); the guest's
+rxe's ODP code, a WRITE whose responder fault finds its first
+allocations all failing, and a READ whose later responses do. Needs a kernel with fault injection (the debug kernel); the guest's
 kmemleak scan after the run finds what a failure path leaked."""
 import contextlib
 import ctypes
@@ -18,7 +18,7 @@ import pytest
 import pyverbs.enums as e
 from pyverbs.mr import MR
 
-from conftest import assert_bytes, hw_counter, mmap_anon, munmap
+from conftest import LoopbackQP, assert_bytes, hw_counter, madvise_dontneed, mmap_anon, munmap
 
 BINARY = "/out/guest/bin/failnth-sweep"
 OPERATIONS = [
@@ -182,3 +182,43 @@ def test_responder_fault_out_of_memory_is_retried(pd, loopback):
         src.close()
         munmap(src_buf, size)
         munmap(dst_buf, size)
+
+
+@needs_stacktrace_filter
+def test_read_response_fault_out_of_memory_is_retried(ctx, pd):
+    """A READ's responses are built in the responder's task after its check,
+    and fault in place what an invalidation took since (a READ cannot be
+    answered RNR once its responses began). Such a fault that runs out of
+    memory is transient: the response is built again, not the READ failed.
+    An 8 MiB ODP source, all present at registration; its second half
+    dropped (MADV_DONTNEED) just before the READ, whose check then sees the
+    first 4 MiB present and lets it through; the faults of the second half
+    find their first allocations failing. The READ must complete with the
+    first half's bytes and zeros after. (Before, the first failure ended the
+    READ in a remote access error and the responder's QP in the error state.)"""
+    size, times = 8 << 20, 4
+    requester, _responder = LoopbackQP.pair(ctx, pd)
+    src, dst = mmap_anon(size), mmap_anon(size)
+    data = bytes((i * 31 + 7) & 0xFF for i in range(size // 2))
+    ctypes.memmove(src, data, size // 2)
+    ctypes.memset(src + size // 2, 0x77, size // 2)
+    odp = MR(pd, size, e.IBV_ACCESS_ON_DEMAND | e.IBV_ACCESS_LOCAL_WRITE |
+             e.IBV_ACCESS_REMOTE_READ, address=src)
+    pinned = MR(pd, size, e.IBV_ACCESS_LOCAL_WRITE, address=dst)
+    try:
+        with rxe_odp_allocation_failures(100, times) as count:
+            madvise_dontneed(src + size // 2, size // 2)
+            status = requester.rdma(e.IBV_WR_RDMA_READ, pinned, dst, size, odp, src,
+                                    timeout=120)
+            injected = count()
+        print(f"{injected} allocation failures injected, status {status}")
+        assert injected >= 1, "no allocation under rxe's ODP code was failed"
+        assert status == e.IBV_WC_SUCCESS, f"READ ended with status {status}"
+        got = ctypes.string_at(dst, size)
+        assert_bytes(got[:size // 2], data, "first half")
+        assert_bytes(got[size // 2:], bytes(size // 2), "second half (dropped: zeros)")
+    finally:
+        odp.close()
+        pinned.close()
+        munmap(src, size)
+        munmap(dst, size)

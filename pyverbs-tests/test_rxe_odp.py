@@ -24,6 +24,7 @@ from pyverbs.wr import SGE, RecvWR, SendWR
 from conftest import (MADV_NOHUGEPAGE, MAP_ANONYMOUS, MAP_FAILED, MAP_HUGETLB, MAP_PRIVATE,
                       PROT_RW, LoopbackQP, assert_bytes, async_event, hw_counter, libc,
                       madvise, madvise_dontneed, mmap_anon, munmap)
+from rxe_env import mr_counters
 
 LEN = 64 * 1024
 HUGE = 2 << 20
@@ -611,3 +612,135 @@ def test_implicit_mr_refuses_flush_access(pd):
         MR(pd, LEN, ODP | e.IBV_ACCESS_FLUSH_GLOBAL, address=buf).close()
     finally:
         munmap(buf, LEN)
+
+
+WINDOW = 4 << 20  # RXE_ODP_FAULT_AROUND: the most one responder fault maps
+PAGE = 4096
+MADV_DONTFORK = 10
+
+
+def settled_counters(mr, timeout=60):
+    """The MR's ODP counters once its queued faults are done (unchanged for 1 s)."""
+    deadline = time.monotonic() + timeout
+    last = mr_counters(mr.lkey)
+    while time.monotonic() < deadline:
+        time.sleep(1)
+        now = mr_counters(mr.lkey)
+        if now == last:
+            return {k: int(v) for k, v in now.items() if v.isdigit()}
+        last = now
+    raise TimeoutError(f"counters still moving: {last}")
+
+
+def requester_without_rnr_retries(ctx, pd):
+    """A loopback QP whose first RNR NAK ends its request: what one queued
+    responder fault did can be read off the counters, with no retry after it."""
+    qp = LoopbackQP(ctx, pd, connect=False)
+    qp.attr.rnr_retry = 0
+    qp.connect(qp.qp.qp_num)
+    return qp
+
+
+def test_one_queued_fault_maps_at_most_the_window(ctx, pd):
+    """An RDMA READ names up to 2 GiB. The responder's RNR NAK for absent
+    pages queues one fault: it must map the READ's first window (4 MiB), not
+    the whole READ in one call, which a single invalidation anywhere in it
+    would restart. A 64 MiB READ of untouched memory, answered RNR with no
+    retry allowed: the one queued fault handled 1024 pages, not 16384."""
+    size = 64 << 20
+    qp = requester_without_rnr_retries(ctx, pd)
+    src = mmap_anon(size)
+    dst = mmap_anon(size)
+    odp = MR(pd, size, ODP, address=src)
+    pinned = MR(pd, size, e.IBV_ACCESS_LOCAL_WRITE, address=dst)
+    try:
+        status = qp.rdma(e.IBV_WR_RDMA_READ, pinned, dst, size, odp, src, timeout=120)
+        assert status == e.IBV_WC_RNR_RETRY_EXC_ERR, f"status {status}"
+        c = settled_counters(odp)
+        print(f"64 MiB READ, one RNR NAK: {c}")
+        assert c["page_faults_handled"] == WINDOW // PAGE, c
+    finally:
+        odp.close()
+        pinned.close()
+        munmap(src, size)
+        munmap(dst, size)
+
+
+def present_pages(addr, length):
+    """How many pages of [addr, addr + length) the process has in memory (pagemap)."""
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(addr // PAGE * 8)
+        words = struct.unpack(f"{length // PAGE}Q", f.read(length // PAGE * 8))
+    return sum(1 for w in words if w >> 63)
+
+
+def test_fault_around_stays_in_the_accessed_mapping(ctx, pd, local):
+    """A responder fault brings in the rest of a 4 MiB window after the
+    access, within the MR, but only in the mapping the access lies in: an
+    access that ends where its mapping ends must not fault in the next
+    mapping (another file, another purpose). Two adjacent 4 MiB mappings
+    (split by MADV_DONTFORK), one ODP MR over both, a 4 KiB WRITE into the
+    first one's last page: 1 page faulted, none of the second mapping."""
+    size = 8 << 20
+    qp = LoopbackQP(ctx, pd)
+    buf = mmap_anon(size)
+    madvise(buf + size // 2, size // 2, MADV_DONTFORK)
+    odp = MR(pd, size, ODP, address=buf)
+    try:
+        local.write(pattern(PAGE, 9), PAGE)
+        target = buf + size // 2 - PAGE
+        assert qp.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, PAGE, odp, target,
+                       timeout=120) == e.IBV_WC_SUCCESS
+        c = settled_counters(odp)
+        second = present_pages(buf + size // 2, size // 2)
+        print(f"counters {c}; pages of the next mapping present: {second}")
+        assert_bytes(peek(target, PAGE), pattern(PAGE, 9))
+        assert second == 0, f"{second} pages of the next mapping faulted in"
+        assert c["page_faults_handled"] == 1, c
+    finally:
+        odp.close()
+        munmap(buf, size)
+
+
+def test_hugetlb_access_needs_on_demand_paging(pd):
+    """IBV_ACCESS_HUGETLB describes how an ODP MR's pages are mapped; a pinned
+    MR has no use for it, and rxe refuses it there (EINVAL) rather than
+    accept a flag it ignores. An ODP MR takes it."""
+    buf = mmap_anon(LEN)
+    try:
+        with pytest.raises(Exception) as err:
+            MR(pd, LEN, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_HUGETLB, address=buf)
+        assert getattr(err.value, "error_code", None) == errno.EINVAL, err.value
+        MR(pd, LEN, ODP | e.IBV_ACCESS_HUGETLB, address=buf).close()
+    finally:
+        munmap(buf, LEN)
+
+
+def test_flush_writes_back_what_is_there_and_faults_nothing(ctx, pd, local):
+    """A FLUSH of an ODP MR makes durable what was written through it, and
+    that is in pages its page list maps: it must not fault in the rest. A
+    256 MiB ODP MR over unpopulated memory, one page written through it,
+    then a FLUSH (persistent, the whole MR): it succeeds and faults no page
+    (before, it read-faulted all 65536 pages, page tables and all; of a
+    1 TiB sparse MR, 1 TiB)."""
+    size = 256 << 20
+    qp = LoopbackQP(ctx, pd, flush=True)
+    buf = libc.mmap(None, size, PROT_RW, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+    assert buf not in (None, MAP_FAILED)
+    mr = MR(pd, size, ODP | e.IBV_ACCESS_FLUSH_GLOBAL | e.IBV_ACCESS_FLUSH_PERSISTENT,
+            address=buf)
+    try:
+        local.write(pattern(PAGE, 11), PAGE)
+        assert qp.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, PAGE, mr, buf + size // 2,
+                       timeout=120) == e.IBV_WC_SUCCESS
+        before = settled_counters(mr)
+        status = qp.flush(mr, buf, size, e.IBV_FLUSH_PERSISTENT, e.IBV_FLUSH_MR)
+        after = settled_counters(mr)
+        print(f"FLUSH status {status}; counters before {before}, after {after}")
+        assert status == e.IBV_WC_SUCCESS, f"status {status}"
+        assert after["page_faults"] == before["page_faults"], (before, after)
+        assert after["page_faults_handled"] == before["page_faults_handled"], (before, after)
+        assert_bytes(peek(buf + size // 2, PAGE), pattern(PAGE, 11))
+    finally:
+        mr.close()
+        munmap(buf, size)

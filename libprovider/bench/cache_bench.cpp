@@ -212,6 +212,11 @@ int cache_bench(const Options &o)
 			       bench_reuse_baseline(rep, o);
 			       each_policy([&](OurCache &c, int) { bench_reuse(rep, o, c); });
 		       }},
+		      {"munmap of a cached buffer",
+		       [&] {
+			       bench_unmap(rep, o, nullptr);
+			       each_policy([&](OurCache &c, int) { bench_unmap(rep, o, &c); });
+		       }},
 		      {"MPI-like workload",
 		       [&] { each_policy([&](OurCache &c, int) { bench_workload(rep, o, c); }); }},
 		      {"stale registrations, five ways to free",
@@ -229,7 +234,9 @@ int cache_bench(const Options &o)
 		      {"peers: libfabric MR cache, memwatch (libodpwatch-ofi)",
 		       [&] { run_peer(rep, o, "libfabric-memwatch"); }},
 		      {"peers: libfabric MR cache, memwatch built in",
-		       [&] { run_peer(rep, o, "libfabric-memwatch-native"); }}});
+		       [&] { run_peer(rep, o, "libfabric-memwatch-native"); }},
+		      {"peers: libfabric MR cache, disabled",
+		       [&] { run_peer(rep, o, "libfabric-disabled"); }}});
 	rep.finish(o.csv);
 	return 0;
 }

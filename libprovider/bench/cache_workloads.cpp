@@ -22,6 +22,7 @@ namespace odpwatch::bench
 const char *const kHitGroup = "hit: get + put of a cached 64 KiB buffer";
 const char *const kReuseGroup = "free + new buffer at the same address + get + put (64 KiB)";
 const char *const kWorkloadGroup = "MPI-like: 128 buffers (4 KiB..1 MiB), 5% freed and reallocated";
+const char *const kUnmapGroup = "munmap of a cached 64 KiB buffer";
 
 void *slot(size_t i)
 {
@@ -95,6 +96,26 @@ void bench_reuse(Report &rep, const Options &o, CacheUnderTest &c)
 		 c.pins_pages() ? std::to_string(stale) + " of " + std::to_string(uses) +
 					  " stale registrations handed out; " + c.how()
 				: c.how()});
+}
+
+void bench_unmap(Report &rep, const Options &o, CacheUnderTest *c)
+{
+	const size_t n = 64, len = 64 << 10;
+	const std::string w = std::to_string(n) + " buffers";
+	std::vector<double> samples;
+	for (unsigned r = 0; r <= o.reps; r++) {
+		auto bufs = buffers(n, len);
+		if (c)
+			for (auto &b : bufs)
+				get_put(*c, b.data(), len);
+		auto t0 = std::chrono::steady_clock::now();
+		for (auto &b : bufs)
+			b.unmap();
+		if (r) // the first is the warm-up
+			samples.push_back(ns_since(t0) / double(n));
+	}
+	rep.add({kUnmapGroup, w, c ? c->name() : "no cache", spread_of(samples), "no cache/" + w,
+		 c ? c->how() : "munmap alone, nothing registered"});
 }
 
 void bench_workload(Report &rep, const Options &o, CacheUnderTest &c)

@@ -51,11 +51,16 @@ std::vector<verbs::Mapping> buffers(size_t n, size_t len);
 extern const char *const kHitGroup;
 extern const char *const kReuseGroup;
 extern const char *const kWorkloadGroup;
+extern const char *const kUnmapGroup;
 
 // get + put of 64 cached 64 KiB buffers, many rounds.
 void bench_hits(Report &rep, const Options &o, CacheUnderTest &c, const std::string &note);
 // A cached buffer is freed and another mapped at its address, then used.
 void bench_reuse(Report &rep, const Options &o, CacheUnderTest &c);
+// munmap() alone of 64 cached 64 KiB buffers: what the cache's way of
+// learning of unmaps adds to the application's own munmap. No cache
+// (@c null): munmap of buffers that were never registered, the baseline.
+void bench_unmap(Report &rep, const Options &o, CacheUnderTest *c);
 // 128 buffers of 4 KiB .. 1 MiB; 5% of the messages free and reallocate one.
 void bench_workload(Report &rep, const Options &o, CacheUnderTest &c);
 // The classic failure, one row per way of freeing a buffer: how many of the

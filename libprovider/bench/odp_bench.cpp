@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
 // On-Demand Paging against pinned memory on one device: registration cost by
 // size; RDMA WRITE/READ and SEND bandwidth into ODP memory on first touch
-// (with and without the responder's fault-around) and in steady state; a
+// (each fault brings in a 4 MiB window) and in steady state; a
 // faulting QP beside a quiet one; perftest's own tools with and without --odp.
 #include "benches.hpp"
 #include "perftest.hpp"
@@ -16,7 +16,6 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,33 +37,6 @@ std::string size_name(size_t n)
 		return std::to_string(n >> 20) + " MiB";
 	return std::to_string(n >> 10) + " KiB";
 }
-
-// The rxe module parameter for the responder's fault-around window, set for
-// the lifetime of this object and restored after.
-class FaultAround
-{
-public:
-	static constexpr const char *kPath = "/sys/module/rdma_rxe/parameters/odp_fault_around_kb";
-	explicit FaultAround(unsigned kb)
-	{
-		std::ifstream in(kPath);
-		if (!(in >> saved_))
-			throw verbs::Error(std::string("read ") + kPath, ENOENT);
-		set(kb);
-	}
-	FaultAround(const FaultAround &) = delete;
-	FaultAround &operator=(const FaultAround &) = delete;
-	~FaultAround() { set(saved_); }
-
-private:
-	static void set(unsigned kb)
-	{
-		std::ofstream out(kPath);
-		if (!(out << kb << '\n'))
-			throw verbs::Error(std::string("write ") + kPath, EACCES);
-	}
-	unsigned saved_ = 0;
-};
 
 void touch(const verbs::Mapping &m)
 {
@@ -160,37 +132,31 @@ void bench_bandwidth(Report &rep, const Options &o, ibv_context *ctx, ibv_pd *pd
 			rep.add({g, w, "ODP steady state", s[1], base, "pages present"});
 			rep.add({g, w, "implicit ODP steady state", s[2], base, "pages present"});
 		}
-		// First touch: a fresh, never-touched mapping for every rep. Without
-		// fault-around every page costs an RNR round trip: move less.
-		for (unsigned kb : {4096u, 0u}) {
-			FaultAround fa(kb);
-			const Traffic ft{kb ? t.total : std::min(t.total, 8UL << 20), t.msg};
+		// First touch: a fresh, never-touched mapping for every rep.
+		{
 			std::vector<double> samples;
 			for (unsigned i = 0; i <= o.reps; i++) {
-				verbs::Mapping r(ft.total);
-				verbs::Mr mr =
-					verbs::reg_mr(pd, r.data(), ft.total, kRemote | kOdp);
+				verbs::Mapping r(t.total);
+				verbs::Mr mr = verbs::reg_mr(pd, r.data(), t.total, kRemote | kOdp);
 				auto t0 = std::chrono::steady_clock::now();
-				move(qp, op, local.get(), lbuf, mr.get(), r, ft);
+				move(qp, op, local.get(), lbuf, mr.get(), r, t);
 				auto t1 = std::chrono::steady_clock::now();
 				if (i) // the first is the warm-up
 					samples.push_back(
 						std::chrono::duration<double, std::nano>(t1 - t0)
 							.count() /
-						double(ft.total >> 20));
+						double(t.total >> 20));
 			}
-			rep.add({g, w,
-				 kb ? "ODP first touch, fault-around 4 MiB"
-				    : "ODP first touch, no fault-around",
-				 spread_of(samples), base,
-				 "every page faulted; " + size_name(ft.total) + " per rep"});
+			rep.add({g, w, "ODP first touch, fault-around 4 MiB", spread_of(samples),
+				 base, "every page faulted; " + size_name(t.total) + " per rep"});
 		}
 	}
 }
 
 // A QP whose peer keeps faulting must not hold up another QP of the device:
 // 4 KiB pinned writes on one QP, alone and while a second QP writes 1 MiB
-// messages into never-touched ODP memory with no fault-around.
+// messages into never-touched ODP memory, one per fault-around window, so
+// that every message faults.
 void bench_isolation(Report &rep, const Options &o, ibv_context *ctx, ibv_pd *pd)
 {
 	const std::string g = "4 KiB pinned RDMA WRITE on one QP", w = "500 writes";
@@ -209,23 +175,23 @@ void bench_isolation(Report &rep, const Options &o, ibv_context *ctx, ibv_pd *pd
 	};
 	rep.add({g, w, "alone", measure(o.reps, double(n), writes), "alone/" + w, "ns per write"});
 
-	FaultAround fa(0);
 	std::atomic<bool> stop{false};
 	std::atomic<size_t> faulting_mib{0};
 	std::exception_ptr noisy_error;
 	std::thread noisy([&] {
 		try {
 			verbs::LoopbackQp qp2(ctx, pd);
-			const size_t len = 8UL << 20;
-			verbs::Mapping src(len);
+			const size_t msg = 1UL << 20, window = 4UL << 20, len = 8 * window;
+			verbs::Mapping src(msg);
 			touch(src);
-			verbs::Mr msrc = verbs::reg_mr(pd, src.data(), len, kRemote);
+			verbs::Mr msrc = verbs::reg_mr(pd, src.data(), msg, kRemote);
 			while (!stop) {
-				verbs::Mapping dst(len); // never touched: every page faults
+				verbs::Mapping dst(len); // never touched
 				verbs::Mr mdst = verbs::reg_mr(pd, dst.data(), len, kRemote | kOdp);
-				for (size_t off = 0; off < len && !stop; off += 1UL << 20) {
-					qp2.rdma(IBV_WR_RDMA_WRITE, msrc.get(), src.data() + off,
-						 1UL << 20, mdst.get(), dst.data() + off,
+				// A message per window: each one past the last fault's reach.
+				for (size_t off = 0; off < len && !stop; off += window) {
+					qp2.rdma(IBV_WR_RDMA_WRITE, msrc.get(), src.data(), msg,
+						 mdst.get(), dst.data() + off,
 						 std::chrono::minutes(10));
 					faulting_mib++;
 				}

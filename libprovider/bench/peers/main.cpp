@@ -86,7 +86,8 @@ int main(int argc, char **argv)
 	if (argc < 2) {
 		std::fprintf(stderr,
 			     "usage: %s ucx|libfabric-memhooks|libfabric-uffd|libfabric-memwatch|"
-			     "libfabric-memwatch-native [--reps N] [--quick] [--device NAME]\n",
+			     "libfabric-memwatch-native|libfabric-disabled [--reps N] [--quick] "
+			     "[--device NAME]\n",
 			     argv[0]);
 		return 2;
 	}
@@ -135,6 +136,8 @@ int main(int argc, char **argv)
 			c = make_libfabric_cache(o.device, "memwatch");
 		else if (peer == "libfabric-memwatch-native")
 			c = make_libfabric_cache(o.device, "memwatch-native");
+		else if (peer == "libfabric-disabled")
+			c = make_libfabric_cache(o.device, "disabled");
 		else {
 			std::fprintf(stderr, "%s: unknown peer '%s'\n", argv[0], peer.c_str());
 			return 2;
@@ -157,13 +160,16 @@ int main(int argc, char **argv)
 		std::fprintf(stderr, " [%s:", peer.c_str());
 		section("hits", [&] { bench_hits(rep, o, *c, c->how()); });
 		section("reuse", [&] { bench_reuse(rep, o, *c); });
+		section("unmap", [&] { bench_unmap(rep, o, c.get()); });
 		section("workload", [&] { bench_workload(rep, o, *c); });
-		section("stale", [&] {
-			bench_stale(rep, o, *c, [&](const std::string &group) {
-				flush();
-				dog.starting(group, o.quick ? 60 : 120);
+		// Without a cache nothing can be stale.
+		if (peer != "libfabric-disabled")
+			section("stale", [&] {
+				bench_stale(rep, o, *c, [&](const std::string &group) {
+					flush();
+					dog.starting(group, o.quick ? 60 : 120);
+				});
 			});
-		});
 		std::fprintf(stderr, "]");
 	} catch (const std::exception &e) {
 		std::fprintf(stderr, "\n%s: %s: %s\n", argv[0], peer.c_str(), e.what());

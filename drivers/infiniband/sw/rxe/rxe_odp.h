@@ -24,8 +24,8 @@
 /*
  * A responder fault brings in the access and, best effort, what follows it
  * up to this window (as mlx5 prefetches after an RDMA responder fault), so
- * a large first-touch transfer takes few faults and few RNR NAKs. The
- * module parameter odp_fault_around_kb overrides it.
+ * a large first-touch transfer takes few faults and few RNR NAKs. It is
+ * also the most one fault maps: a large READ is faulted window by window.
  */
 #define RXE_ODP_FAULT_AROUND	SZ_4M
 /*

@@ -15,11 +15,6 @@
 #include "rxe.h"
 #include "rxe_odp.h"
 
-static unsigned int odp_fault_around_kb = RXE_ODP_FAULT_AROUND / SZ_1K;
-module_param(odp_fault_around_kb, uint, 0644);
-MODULE_PARM_DESC(odp_fault_around_kb,
-		 "KiB from an ODP responder fault's address mapped with it (default 4096; 0: the access only)");
-
 /* PAGE_SIZE pages that [va, va + len) touches. */
 static u64 rxe_odp_npages(u64 va, u64 len)
 {
@@ -297,22 +292,49 @@ enum resp_states rxe_odp_do_atomic_write(struct rxe_mr *mr, u64 iova, u64 value)
 	return RESPST_NONE;
 }
 
-static int rxe_odp_flush_page(struct page *page, unsigned int offset,
-			      unsigned int len, void *arg)
+/*
+ * A FLUSH makes what was written through the MR durable. Pages written
+ * through it are in its page list (an invalidation has them written back
+ * and dirtied before it drops them), so only those are flushed: faulting in
+ * the rest would map a sparse MR whole, page tables and all, for nothing.
+ */
+static int rxe_odp_flush_chunk(struct rxe_mr *mr, const struct rxe_odp_chunk *c,
+			       void *arg)
 {
-	u8 *va = kmap_local_page(page);
+	struct ib_umem_odp *umem_odp = c->umem_odp;
+	u64 va = c->va, end = c->va + c->len;
 
-	arch_wb_cache_pmem(va + offset, len);
-	kunmap_local(va);
+	mutex_lock(&umem_odp->umem_mutex);
+	while (va < end) {
+		u64 idx = (va - ib_umem_start(umem_odp)) >> PAGE_SHIFT;
+		unsigned long pfn = umem_odp->map.pfn_list[idx];
+		unsigned int offset = offset_in_page(va);
+		unsigned int bytes = min_t(u64, end - va, PAGE_SIZE - offset);
+		u8 *kva;
+
+		if (pfn & HMM_PFN_VALID) {
+			kva = kmap_local_page(hmm_pfn_to_page(pfn));
+			arch_wb_cache_pmem(kva + offset, bytes);
+			kunmap_local(kva);
+		}
+		va += bytes;
+		if (need_resched()) {
+			mutex_unlock(&umem_odp->umem_mutex);
+			cond_resched();
+			mutex_lock(&umem_odp->umem_mutex);
+		}
+	}
+	mutex_unlock(&umem_odp->umem_mutex);
 	return 0;
 }
 
-int rxe_odp_flush_pmem_iova(struct rxe_mr *mr, u64 iova, unsigned int length)
+int rxe_odp_flush_pmem_iova(struct rxe_mr *mr, u64 iova, u64 length)
 {
 	if (mr_check_range(mr, iova, length))
 		return -EFAULT;
-	/* A flush reads: the pages need not be writable. */
-	return rxe_odp_walk(mr, iova, length, false, rxe_odp_flush_page, NULL);
+	/* No child is made: an implicit MR has no FLUSH access anyway. */
+	return rxe_odp_by_chunk(mr, iova, length, false, rxe_odp_flush_chunk,
+				NULL);
 }
 
 struct rxe_odp_map {
@@ -511,8 +533,12 @@ static bool rxe_odp_all_present(struct rxe_mr *mr, u64 va, u64 len, bool write)
 	return present;
 }
 
-/* Bytes from @va to the end of the VMA that holds it (0 if none). */
-static u64 rxe_odp_mapped_after(struct rxe_mr *mr, u64 va)
+/*
+ * Bytes after @last up to the end of the VMA that holds it (0 if none): an
+ * access that ends where its VMA ends has nothing to fault around, even if
+ * another mapping follows.
+ */
+static u64 rxe_odp_vma_bytes_after(struct rxe_mr *mr, u64 last)
 {
 	struct mm_struct *mm = mr->umem->owning_mm;
 	struct vm_area_struct *vma;
@@ -521,9 +547,9 @@ static u64 rxe_odp_mapped_after(struct rxe_mr *mr, u64 va)
 	if (!mmget_not_zero(mm))
 		return 0;
 	mmap_read_lock(mm);
-	vma = vma_lookup(mm, va);
+	vma = vma_lookup(mm, last);
 	if (vma)
-		bytes = vma->vm_end - va;
+		bytes = vma->vm_end - last - 1;
 	mmap_read_unlock(mm);
 	mmput(mm);
 	return bytes;
@@ -644,8 +670,7 @@ static void rxe_odp_fault_work(struct work_struct *w)
 		container_of(w, struct rxe_odp_fault_work, work);
 	struct rxe_mr *mr = work->mr;
 	struct rxe_odp_mr *odp = mr->odp;
-	u64 window = (u64)READ_ONCE(odp_fault_around_kb) * SZ_1K;
-	u64 around = window - min_t(u64, work->len, window);
+	u64 around = RXE_ODP_FAULT_AROUND - work->len;
 	u64 va = rxe_odp_va(mr, work->iova);
 	struct rxe_odp_resp *st;
 	struct rxe_qp *qp;
@@ -660,7 +685,8 @@ static void rxe_odp_fault_work(struct work_struct *w)
 		if (qp)
 			rxe_odp_fault_done(qp, mr, va);
 		/* Within the MR and the mapping: a hole would fail it all. */
-		around = min(around, rxe_odp_mapped_after(mr, va + work->len));
+		around = min(around,
+			     rxe_odp_vma_bytes_after(mr, va + work->len - 1));
 		if (!rxe_odp_is_implicit(mr))
 			around = min(around, mr->ibmr.iova + mr->ibmr.length -
 				     (work->iova + work->len));
@@ -736,6 +762,12 @@ enum resp_states rxe_odp_resp_check(struct rxe_qp *qp, struct rxe_mr *mr,
 	struct rxe_odp_resp *st;
 	unsigned long flags;
 
+	/*
+	 * A READ names up to 2 GiB: only its first window is checked (and
+	 * queued); its responses fault the rest a window at a time, in
+	 * rxe_odp_resp_read_step(). One fault never maps more than a window.
+	 */
+	len = min_t(u32, len, RXE_ODP_FAULT_AROUND);
 	if (!len || rxe_odp_all_present(mr, va, len, write))
 		return RESPST_NONE;
 	/*
@@ -798,4 +830,50 @@ enum resp_states rxe_odp_resp_check(struct rxe_qp *qp, struct rxe_mr *mr,
 	work->write = write;
 	queue_work(rxe_odp_wq, &work->work);
 	return rxe_odp_rnr(qp);
+}
+
+/*
+ * An access that rxe_odp_resp_check() let through failed with @err as it
+ * copied: an invalidation took its pages since, and faulting them in place
+ * failed. A transient failure (as rxe_odp_fault_transient() judges it) must
+ * not fail the QP: a WRITE packet is answered RNR and the requester sends
+ * it again (writing the same bytes twice is harmless); a READ response is
+ * built again when the responder next runs. Returns RESPST_ERR_RNR,
+ * RESPST_DONE or RESPST_ERR_RKEY_VIOLATION.
+ */
+enum resp_states rxe_odp_resp_copy_failed(struct rxe_qp *qp, struct rxe_mr *mr,
+					  u64 iova, u32 len, bool write, int err)
+{
+	if (qp_type(qp) != IB_QPT_RC ||
+	    !rxe_odp_fault_transient(qp, mr, rxe_odp_va(mr, iova), len, write,
+				     err))
+		return RESPST_ERR_RKEY_VIOLATION;
+	return write ? rxe_odp_rnr(qp) : RESPST_DONE;
+}
+
+/*
+ * Before a READ response of @len bytes is built from @iova of @mr, @resid
+ * bytes of the READ left: if the response's pages are absent, fault them in
+ * place together with what follows, up to the fault-around window, so a
+ * large READ of untouched memory takes one fault per window. A READ cannot
+ * be answered RNR once its responses have begun: this runs in the QP's task.
+ */
+enum resp_states rxe_odp_resp_read_step(struct rxe_qp *qp, struct rxe_mr *mr,
+					u64 iova, u32 len, u32 resid)
+{
+	u32 step = min_t(u32, resid, RXE_ODP_FAULT_AROUND);
+	u64 va = rxe_odp_va(mr, iova);
+	int err;
+
+	if (rxe_odp_all_present(mr, va, len, false))
+		return RESPST_NONE;
+	err = rxe_odp_walk(mr, iova, step, false, NULL, NULL);
+	/* A hole further on is the later response's to report. */
+	if (err && step > len)
+		err = rxe_odp_walk(mr, iova, len, false, NULL, NULL);
+	if (!err) {
+		rxe_odp_fault_done(qp, mr, va);
+		return RESPST_NONE;
+	}
+	return rxe_odp_resp_copy_failed(qp, mr, iova, len, false, err);
 }

@@ -198,27 +198,35 @@ static bool rxe_odp_umem_empty(struct ib_umem_odp *umem_odp)
 	return empty;
 }
 
-/*
- * Free the children of an implicit MR that map no page any more. Releasing
- * one waits for the mm's running invalidations, which never take
- * children_sem, so it may be done with the semaphore held.
- */
+/* Free the children of an implicit MR that map no page any more. */
 static void rxe_odp_reap_children(struct work_struct *work)
 {
 	struct rxe_odp_mr *odp = container_of(work, struct rxe_odp_mr,
 					      reap_work);
-	struct ib_umem_odp *child;
+	struct ib_umem_odp *child, *empty;
 	unsigned long idx;
 
-	down_write(&odp->children_sem);
-	xa_for_each_marked(&odp->children, idx, child, RXE_ODP_CHILD_REAP) {
-		xa_clear_mark(&odp->children, idx, RXE_ODP_CHILD_REAP);
-		if (!rxe_odp_umem_empty(child))
-			continue;
-		xa_erase(&odp->children, idx);
-		ib_umem_odp_release(child);
-	}
-	up_write(&odp->children_sem);
+	do {
+		empty = NULL;
+		down_write(&odp->children_sem);
+		xa_for_each_marked(&odp->children, idx, child,
+				   RXE_ODP_CHILD_REAP) {
+			xa_clear_mark(&odp->children, idx, RXE_ODP_CHILD_REAP);
+			if (rxe_odp_umem_empty(child)) {
+				xa_erase(&odp->children, idx);
+				empty = child;
+				break;
+			}
+		}
+		up_write(&odp->children_sem);
+		/*
+		 * Out of the tree, no reader can hold it. Releasing it waits
+		 * for the mm's running invalidations: not with the semaphore
+		 * held, which would stall every access to the MR meanwhile.
+		 */
+		if (empty)
+			ib_umem_odp_release(empty);
+	} while (empty);
 }
 
 struct ib_umem_odp *rxe_odp_umem_at(struct rxe_mr *mr, u64 va, bool create)
