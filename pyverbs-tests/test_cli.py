@@ -41,9 +41,10 @@ def test_mr_counters_after_a_first_touch_write(pd, loopback):
         assert len(mine) == 1, r.stdout
         row = mine[0]
         assert int(row["length"]) == LEN
-        # Every page of the 1 MiB was absent and faulted in by the responder.
-        assert int(row["page_faults_handled"]) >= LEN // 4096, row
-        assert int(row["page_faults"]) >= 1, row
+        # Every page of the 1 MiB was absent and faulted in by the responder
+        # (page_faults counts pages, page_faults_handled faults, as mlx5).
+        assert int(row["page_faults"]) >= LEN // 4096, row
+        assert 1 <= int(row["page_faults_handled"]) <= LEN // 4096, row
         # The pinned source MR has no ODP counters, so it is not listed.
         assert not [x for x in rows(r.stdout) if int(x["lkey"], 16) == src_mr.lkey]
 
@@ -53,7 +54,7 @@ def test_mr_counters_after_a_first_touch_write(pd, loopback):
         assert j.returncode == 0, j.stderr
         theirs = [x for x in json.loads(j.stdout) if str(x.get("mrn")) == row["mrn"]]
         assert len(theirs) == 1, j.stdout
-        assert int(theirs[0]["page_faults_handled"]) == int(row["page_faults_handled"])
+        assert int(theirs[0]["page_faults"]) == int(row["page_faults"])
     finally:
         src_mr.close()
         dst_mr.close()

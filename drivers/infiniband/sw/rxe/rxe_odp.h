@@ -42,12 +42,12 @@
  */
 #define RXE_ODP_MAX_TRANSIENT	16
 
-/* Per-MR ODP counters, in pages; names as mlx5 reports them. */
+/* Per-MR ODP counters, named and counted as mlx5's. */
 enum rxe_odp_counter {
-	RXE_ODP_PAGE_FAULTS,		/* pages found absent on access */
-	RXE_ODP_PAGE_FAULTS_HANDLED,	/* of those, brought in */
-	RXE_ODP_PAGE_INVALIDATIONS,	/* pages covered by invalidations */
-	RXE_ODP_PAGE_INVALIDATIONS_HANDLED, /* of those, mapped and unmapped */
+	RXE_ODP_PAGE_FAULTS,		/* pages mapped by faults */
+	RXE_ODP_PAGE_FAULTS_HANDLED,	/* faults that succeeded */
+	RXE_ODP_PAGE_INVALIDATIONS,	/* mapped pages invalidations dropped */
+	RXE_ODP_PAGE_INVALIDATIONS_HANDLED, /* invalidations that dropped any */
 	RXE_ODP_PAGE_PREFETCH,		/* pages mapped by ibv_advise_mr() */
 	RXE_ODP_NUM_COUNTERS
 };

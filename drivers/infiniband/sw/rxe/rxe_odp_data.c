@@ -59,7 +59,6 @@ static int rxe_odp_map_and_lock(struct rxe_mr *mr, struct ib_umem_odp *umem_odp,
 		return 0;
 	mutex_unlock(&umem_odp->umem_mutex);
 
-	rxe_odp_count(mr, RXE_ODP_PAGE_FAULTS, absent);
 	err = rxe_odp_fault_and_lock(mr, umem_odp, va, len, write, true);
 	if (err)
 		return err;
@@ -68,7 +67,8 @@ static int rxe_odp_map_and_lock(struct rxe_mr *mr, struct ib_umem_odp *umem_odp,
 		mutex_unlock(&umem_odp->umem_mutex);
 		return -EAGAIN;
 	}
-	rxe_odp_count(mr, RXE_ODP_PAGE_FAULTS_HANDLED, absent);
+	rxe_odp_count(mr, RXE_ODP_PAGE_FAULTS, absent);
+	rxe_odp_count(mr, RXE_ODP_PAGE_FAULTS_HANDLED, 1);
 	return 0;
 }
 
@@ -678,7 +678,7 @@ static void rxe_odp_fault_work(struct work_struct *w)
 	int err;
 
 	err = rxe_odp_map_range(mr, work->iova, work->len, work->write, true,
-				RXE_ODP_PAGE_FAULTS_HANDLED);
+				RXE_ODP_PAGE_FAULTS);
 	qp = rxe_pool_get_index(&to_rdev(mr->ibmr.device)->qp_pool,
 				work->qp_index);
 	if (!err) {
@@ -691,7 +691,8 @@ static void rxe_odp_fault_work(struct work_struct *w)
 			around = min(around, mr->ibmr.iova + mr->ibmr.length -
 				     (work->iova + work->len));
 		rxe_odp_map_range(mr, work->iova + work->len, around,
-				  work->write, true, RXE_ODP_PAGE_FAULTS_HANDLED);
+				  work->write, true, RXE_ODP_PAGE_FAULTS);
+		rxe_odp_count(mr, RXE_ODP_PAGE_FAULTS_HANDLED, 1);
 	} else if (qp && !rxe_odp_fault_transient(qp, mr, va, work->len,
 						  work->write, err)) {
 		spin_lock_irqsave(&qp->state_lock, flags);
@@ -820,7 +821,6 @@ enum resp_states rxe_odp_resp_check(struct rxe_qp *qp, struct rxe_mr *mr,
 		spin_unlock(&odp->fault_lock);
 		return rxe_odp_fault_in_place(qp, mr, iova, len, write);
 	}
-	rxe_odp_count(mr, RXE_ODP_PAGE_FAULTS, rxe_odp_npages(va, len));
 	INIT_WORK(&work->work, rxe_odp_fault_work);
 	rxe_get(mr);
 	work->mr = mr;

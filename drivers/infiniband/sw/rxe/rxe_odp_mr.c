@@ -145,11 +145,11 @@ static bool rxe_odp_invalidate(struct mmu_interval_notifier *mni,
 	/* NULL before registration completes and once cleanup began. */
 	mr = umem_odp->private;
 	if (mr) {
-		rxe_odp_count(mr, RXE_ODP_PAGE_INVALIDATIONS,
-			      (end - start) >> PAGE_SHIFT);
-		rxe_odp_count(mr, RXE_ODP_PAGE_INVALIDATIONS_HANDLED, mapped);
-		if (mapped)
+		rxe_odp_count(mr, RXE_ODP_PAGE_INVALIDATIONS, mapped);
+		if (mapped) {
+			rxe_odp_count(mr, RXE_ODP_PAGE_INVALIDATIONS_HANDLED, 1);
 			WRITE_ONCE(mr->odp->churn, jiffies);
+		}
 		/* A child whose memory is unmapped may be empty now. */
 		if (range->event == MMU_NOTIFY_UNMAP)
 			rxe_odp_reap_later(mr, umem_odp);
