@@ -22,9 +22,9 @@ from pyverbs.mr import MR
 from pyverbs.srq import SRQ, SrqAttr, SrqInitAttr
 from pyverbs.wr import SGE, RecvWR, SendWR
 
-from conftest import (MADV_NOHUGEPAGE, MAP_ANONYMOUS, MAP_FAILED, MAP_HUGETLB, MAP_PRIVATE,
-                      PROT_RW, LoopbackQP, assert_bytes, async_event, hw_counter, libc,
-                      madvise, madvise_dontneed, mmap_anon, munmap)
+from conftest import (CGROUP_ROOT, MADV_NOHUGEPAGE, MAP_ANONYMOUS, MAP_FAILED, MAP_HUGETLB,
+                      MAP_PRIVATE, PROT_RW, LoopbackQP, assert_bytes, async_event, hw_counter,
+                      libc, madvise, madvise_dontneed, memory_cgroup, mmap_anon, munmap)
 from rxe_env import mr_counters
 
 LEN = 64 * 1024
@@ -747,3 +747,39 @@ def test_flush_writes_back_what_is_there_and_faults_nothing(ctx, pd, local):
     finally:
         mr.close()
         munmap(buf, size)
+
+
+def cgroup_bytes(path):
+    with open(os.path.join(path, "memory.current")) as f:
+        return int(f.read())
+
+
+def test_implicit_children_are_charged_to_the_owners_memory_cgroup(pd, loopback, implicit, local):
+    """Each 128 MiB of an implicit MR that a peer touches gets a child with a
+    256 KiB page list, made in rxe's tasks, not in the owner's. It must be
+    charged to the owner's memory cgroup, or a peer touching a sparse
+    address space grows kernel memory no limit sees. 32 one-page mappings,
+    128 MiB apart, one remote 1 KiB WRITE into each: the owner's cgroup
+    grows by at least 3/4 of 32 page lists (8 MiB), not just by 32 pages."""
+    regions = 32
+    base = unmapped_space((regions + 1) * CHILD)
+    pages = [mmap_anon(PAGE, addr=base + i * CHILD) for i in range(regions)]
+    local.write(pattern(1024, 13), 1024)
+    with memory_cgroup("odpwatch-children") as cg:
+        with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+        try:
+            before = cgroup_bytes(cg)
+            for p in pages:
+                assert loopback.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, 1024,
+                                     implicit, p, timeout=120) == e.IBV_WC_SUCCESS
+            grown = cgroup_bytes(cg) - before
+            print(f"{regions} children: the owner's cgroup grew by {grown >> 10} KiB")
+            assert_bytes(peek(pages[-1], 1024), pattern(1024, 13))
+            assert grown >= regions * (256 << 10) * 3 // 4, \
+                f"{grown >> 10} KiB charged for {regions} children of 256 KiB"
+        finally:
+            with open(os.path.join(CGROUP_ROOT, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+            for p in pages:
+                munmap(p, PAGE)

@@ -10,6 +10,8 @@
  */
 
 #include <linux/hmm.h>
+#include <linux/memcontrol.h>
+#include <linux/sched/mm.h>
 #include <rdma/ib_umem_odp.h>
 
 #include "rxe.h"
@@ -235,6 +237,7 @@ struct ib_umem_odp *rxe_odp_umem_at(struct rxe_mr *mr, u64 va, bool create)
 	struct rxe_odp_mr *odp = mr->odp;
 	unsigned long idx = va >> RXE_ODP_CHILD_SHIFT;
 	struct ib_umem_odp *child, *old;
+	struct mem_cgroup *memcg, *prev;
 
 	if (!root->is_implicit_odp) {
 		if (va < ib_umem_start(root) || va >= ib_umem_end(root))
@@ -249,8 +252,18 @@ struct ib_umem_odp *rxe_odp_umem_at(struct rxe_mr *mr, u64 va, bool create)
 	if (child || !create)
 		return child;
 
+	/*
+	 * A child is made for the owner, by whoever accessed it (a QP's task,
+	 * a fault's work): its page list, 256 KiB, is charged to the owner's
+	 * memory cgroup, so a peer touching a sparse address space cannot
+	 * grow kernel memory past the owner's limit.
+	 */
+	memcg = get_mem_cgroup_from_mm(root->umem.owning_mm);
+	prev = set_active_memcg(memcg);
 	child = ib_umem_odp_alloc_child(root, idx << RXE_ODP_CHILD_SHIFT,
 					RXE_ODP_CHILD_SIZE, &rxe_mn_ops);
+	set_active_memcg(prev);
+	mem_cgroup_put(memcg);
 	if (IS_ERR(child))
 		return child;
 	rxe_odp_set_owner(child, mr);
