@@ -26,6 +26,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -305,8 +306,15 @@ private:
 				std::fprintf(stderr, "odpwatch-ofi: %s\n", e.what());
 				return;
 			}
+			// Let a burst of unmaps gather: while this thread is not
+			// waiting, memwatch queues their events without waking it,
+			// and the thread calling munmap() pays no wake-up each.
+			// valid() keeps the cache right in the meantime.
+			std::this_thread::sleep_for(kCoalesce);
 		}
 	}
+
+	static constexpr std::chrono::milliseconds kCoalesce{1};
 
 	const uint64_t fork_generation_ = odpwatch::fork_generation();
 	std::mutex import_mu_;
