@@ -7,6 +7,13 @@
 src=$1 build=$2 variant=$3
 frags=("$TOP/configs/kernel.config")
 [ "$variant" = debug ] && frags+=("$TOP/configs/debug.config")
+# A build cut off by a shutdown can leave truncated objects newer than their
+# sources, which make takes as done; such a tree is built again from scratch.
+building=$build/.odpwatch-building
+if [ -f "$building" ]; then
+	log "kernel: the last build in $build did not finish; building from scratch"
+	remove_tree "$build"
+fi
 mkdir -p "$build"
 
 export CCACHE_DIR=${CCACHE_DIR:-$CACHE/ccache}
@@ -42,10 +49,22 @@ fi
 full=$CACHE/kernel-objects-$variant
 objects() { echo "$(count_cc "$1")$([ -f "$full" ] && echo " (a full build: $(cat "$full"))")"; }
 log "kernel: building bzImage and headers ($variant) in $build"
+touch "$building"
 if ! run_with_progress "kernel: build ($variant)" "$build/build.log" objects kmake bzImage; then
 	grep -E 'error|Error' "$build/build.log" | head -40 >&2
-	die "kernel build failed; full log: $build/build.log"
+	echo "--- the end of $build/build.log:" >&2
+	tail -n 25 "$build/build.log" >&2
+	# An incremental build can fail on what an earlier one left behind (CI at
+	# 505b198: vmlinux failed to link after 11 s); one retry from scratch
+	# (ccache keeps it short) tells that apart from a real error.
+	if [ -z "${ODPWATCH_KERNEL_RETRY:-}" ]; then
+		log "kernel: build failed; once more from scratch in an empty $build"
+		remove_tree "$build"
+		ODPWATCH_KERNEL_RETRY=1 exec "$0" "$@"
+	fi
+	die "kernel build failed from scratch too; full log: $build/build.log"
 fi
+rm -f "$building"
 n=$(grep -c '^  CC ' "$build/build.log" || true)
 log "kernel: $n objects compiled"
 # A build that compiled more than half of the last full one counts as full.
