@@ -667,6 +667,41 @@ TEST_F(ev, migration_by_migrate_pages)
 	munmap(buf, 4 * self->page);
 }
 
+/* A /proc/vmstat counter, or -1. */
+static long vmstat(const char *name)
+{
+	char line[128];
+	size_t len = strlen(name);
+	long val = -1;
+	FILE *f = fopen("/proc/vmstat", "r");
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (!strncmp(line, name, len) && line[len] == ' ')
+			val = atol(line + len + 1);
+	fclose(f);
+	return val;
+}
+
+/*
+ * When no scan came, say what the scheduler thought: the task's NUMA lines
+ * of /proc/self/sched and its CPU time (the scan is driven by CPU time).
+ */
+static void log_numa_state(struct __test_metadata *_metadata)
+{
+	char line[160];
+	FILE *f = fopen("/proc/self/sched", "r");
+
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f))
+		if (strstr(line, "numa") || strstr(line, "sum_exec_runtime") ||
+		    strstr(line, "current_node"))
+			TH_LOG("sched: %.*s", (int)strcspn(line, "\n"), line);
+	fclose(f);
+}
+
 /*
  * NUMA balancing marks pages PROT_NONE (PROTECTION) to sample accesses and
  * may migrate them: the default watch changes exactly when a page moved.
@@ -676,6 +711,7 @@ TEST_F_TIMEOUT(ev, numa_hinting, 150)
 	const int n = 64;
 	__u64 before[64], after[64];
 	char *buf = map_touched(self->page, n);
+	long pte_updates, hint_faults;
 	struct pair p;
 	double t0;
 	int moved;
@@ -690,12 +726,21 @@ TEST_F_TIMEOUT(ev, numa_hinting, 150)
 	ASSERT_EQ(0, set_knob(_metadata, &self->s, "/proc/sys/kernel/numa_balancing", "1"));
 	watch_pair(&self->s, buf, n * self->page, 0, &p);
 	read_pagemap(self->page, buf, n, before);
+	pte_updates = vmstat("numa_pte_updates");
+	hint_faults = vmstat("numa_hint_faults");
 	/* The scan runs from the task's own ticks: keep touching the pages. */
 	for (t0 = now(); valid(&self->s, &p.w[ALL]) && now() - t0 < 120;)
 		for (int i = 0; i < n; i++)
 			buf[i * self->page]++;
 	read_pagemap(self->page, buf, n, after);
 	collect(&self->s);
+	if (!(reasons(&self->s, &p, ALL) & MEMWATCH_PROTECTION)) {
+		/* A scan that changed PTEs (anyone's) vs none at all. */
+		TH_LOG("in 120 s: numa_pte_updates +%ld, numa_hint_faults +%ld",
+		       vmstat("numa_pte_updates") - pte_updates,
+		       vmstat("numa_hint_faults") - hint_faults);
+		log_numa_state(_metadata);
+	}
 	ASSERT_NE(0U, reasons(&self->s, &p, ALL) & MEMWATCH_PROTECTION)
 		TH_LOG("no NUMA hinting scan in 120 s (reasons 0x%x)",
 		       reasons(&self->s, &p, ALL));
