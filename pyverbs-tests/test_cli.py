@@ -111,7 +111,7 @@ def test_memwatch_stats_lists_this_process():
     (["demo", "--fast"], 2, "odpwatch demo: takes no arguments (got --fast)"),
     (["mr-counters", "x"], 2, "odpwatch mr-counters: takes no arguments (got x)"),
     (["memwatch-stats", "x"], 2, "odpwatch memwatch-stats: takes no arguments (got x)"),
-    (["bench"], 2, "odpwatch bench: say what to measure: memwatch, odp, cache or wire"),
+    (["bench"], 2, "odpwatch bench: say what to measure: memwatch, odp, cache, ucx or wire"),
     (["bench", "nosuch"], 2, "odpwatch bench: say what to measure"),
     (["bench", "cache", "--reps", "0"], 2,
      "odpwatch bench cache: --reps wants a number from 1 to 10000, not '0'"),

@@ -27,6 +27,7 @@ BENCHES = OrderedDict(
         ("memwatch", "memwatch against a userfaultfd monitor and an interposed munmap hook"),
         ("odp", "On-Demand Paging against pinned memory (rxe), and perftest"),
         ("cache", "The registration cache, beside UCX's ucs_rcache and libfabric's MR cache"),
+        ("ucx", "Single copy within a node: UCX's shared memory, cma and rc_verbs over rxe"),
         ("wire", "perftest between two kernels on a wire (two guests, rxe on each)"),
     ]
 )

@@ -72,14 +72,15 @@ bool csv_writable(const std::string &path)
 	return true;
 }
 
-// odpwatch bench memwatch|odp|cache|wire [--quick] [--reps N] [--csv FILE]
+// odpwatch bench memwatch|odp|cache|ucx|wire [--quick] [--reps N] [--csv FILE]
 //	[--only SECTION] [--no-uffd] [--peer ADDR | --serve]
 int run_bench(const cli::Options &opt, int argc, char **argv)
 {
 	std::string_view what = argc >= 1 ? argv[0] : "";
-	if (what != "memwatch" && what != "odp" && what != "cache" && what != "wire") {
-		std::fprintf(stderr,
-			     "odpwatch bench: say what to measure: memwatch, odp, cache or wire\n");
+	if (what != "memwatch" && what != "odp" && what != "cache" && what != "ucx" &&
+	    what != "wire") {
+		std::fprintf(stderr, "odpwatch bench: say what to measure: memwatch, odp, cache, "
+				     "ucx or wire\n");
 		return 2;
 	}
 	bool quick = false, uffd = true, serve = false;
@@ -132,6 +133,8 @@ int run_bench(const cli::Options &opt, int argc, char **argv)
 		return bench::odp_bench(o);
 	if (what == "cache")
 		return bench::cache_bench(o);
+	if (what == "ucx")
+		return bench::ucx_bench(o);
 	return bench::memwatch_bench(o);
 }
 

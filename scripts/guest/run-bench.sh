@@ -1,5 +1,5 @@
 #!/bin/sh
-# Run every benchmark inside the guest: `odpwatch bench memwatch|odp|cache`,
+# Run every benchmark inside the guest: `odpwatch bench memwatch|odp|cache|ucx`,
 # each writing its markdown table (NAME.md), its rows (NAME.csv) and its
 # progress (NAME.log) into DIR; the host turns them into report.md with plots.
 #   run-bench.sh DIR     DIR/args: extra arguments for every benchmark
@@ -12,7 +12,7 @@ uname -r >"$dir/kernel"
 # Let the boot's own work (udev, deferred initcalls) settle: the first rows
 # measured are baselines.
 sleep 10
-for b in memwatch odp cache; do
+for b in memwatch odp cache ucx; do
 	say "bench $b: running (odpwatch bench $b $args)"
 	t0=$(date +%s)
 	# shellcheck disable=SC2086 # args are words by design

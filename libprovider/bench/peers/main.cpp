@@ -87,7 +87,7 @@ int main(int argc, char **argv)
 		std::fprintf(stderr,
 			     "usage: %s ucx|libfabric-memhooks|libfabric-uffd|libfabric-memwatch|"
 			     "libfabric-memwatch-native|libfabric-disabled [--reps N] [--quick] "
-			     "[--device NAME]\n",
+			     "[--device NAME] [--only SECTION]\n",
 			     argv[0]);
 		return 2;
 	}
@@ -119,6 +119,8 @@ int main(int argc, char **argv)
 			o.reps = unsigned(std::stoul(argv[++i]));
 		else if (!std::strcmp(argv[i], "--device") && i + 1 < argc)
 			o.device = argv[++i];
+		else if (!std::strcmp(argv[i], "--only") && i + 1 < argc)
+			o.only = argv[++i];
 		else {
 			std::fprintf(stderr, "%s: unknown argument '%s'\n", argv[0], argv[i]);
 			return 2;
@@ -152,6 +154,8 @@ int main(int argc, char **argv)
 		};
 		Watchdog dog(rep, c->name(), flush);
 		auto section = [&](const char *what, auto &&run) {
+			if (!o.only.empty() && o.only != what)
+				return;
 			dog.starting(what, o.quick ? 300 : 900);
 			run();
 			flush();

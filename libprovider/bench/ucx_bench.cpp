@@ -1,0 +1,217 @@
+// SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
+// Single copy within a node (cross memory attach: "a single copy of the
+// message rather than a double copy via shared memory"): UCX's ucx_perftest
+// between two processes of this node, tag-matched messages of 4 KiB to 4 MiB,
+// over UCX's shared-memory transport alone (every byte copied in and out of
+// a shared segment), shared memory with cma (large messages read once from
+// the sender with process_vm_readv), and rc_verbs over rxe looping back to
+// itself, pinned and with on-demand paging.
+#include "benches.hpp"
+#include "report.hpp"
+#include "spawn.hpp"
+#include "verbs.hpp"
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace odpwatch::bench
+{
+namespace
+{
+
+struct Transport {
+	const char *name;
+	std::vector<std::string> env; // UCX_* settings, as env(1) takes them
+	const char *how;
+	const char *proto; // the protocol UCX must report choosing for large messages
+};
+
+std::vector<Transport> transports(const std::string &dev)
+{
+	const std::string net = "UCX_NET_DEVICES=" + dev + ":1";
+	return {
+		{"shared memory (posix)",
+		 {"UCX_TLS=posix"},
+		 "UCX's shared-memory transport alone: the sender copies into a shared "
+		 "segment, the receiver copies out",
+		 "posix"},
+		{"shared memory + cma",
+		 {"UCX_TLS=posix,cma"},
+		 "rendezvous messages read straight from the sender's buffer with "
+		 "process_vm_readv: one copy",
+		 "cma"},
+		{"rc_verbs over rxe, pinned",
+		 {"UCX_TLS=rc_verbs", net},
+		 "rxe looping back to itself: RDMA READ of the sender's pinned buffer",
+		 "rc_verbs"},
+		{"rc_verbs over rxe, ODP",
+		 {"UCX_TLS=rc_verbs", net, "UCX_REG_NONBLOCK_MEM_TYPES=host"},
+		 "the same with UCX registering on-demand-paging MRs "
+		 "(UCX_REG_NONBLOCK_MEM_TYPES=host)",
+		 "rc_verbs"},
+	};
+}
+
+std::string size_name(size_t n)
+{
+	return n >= (1U << 20) ? std::to_string(n >> 20) + " MiB"
+			       : std::to_string(n >> 10) + " KiB";
+}
+
+struct Exit {
+	std::string out;
+	bool ok;
+};
+
+Exit wait_for(pid_t pid, int fd)
+{
+	std::string out = read_all(fd);
+	int st = 0;
+	waitpid(pid, &st, 0);
+	return {out, WIFEXITED(st) && !WEXITSTATUS(st)};
+}
+
+// One run: a server and a client on this node, meeting on a port of the
+// loopback interface. Returns the client's output.
+std::string perftest(const Transport &t, const std::string &test, size_t size, unsigned iters,
+		     unsigned port)
+{
+	std::vector<std::string> base = {"env"};
+	base.insert(base.end(), t.env.begin(), t.env.end());
+	// The protocols UCX chose, so a row cannot silently measure another
+	// transport than its name says.
+	base.insert(base.end(), {"UCX_PROTO_INFO=y", "ucx_perftest", "-p", std::to_string(port)});
+	int sfd = -1;
+	pid_t server = spawn(base, &sfd, true);
+	std::vector<std::string> client = base;
+	client.insert(client.end(), {"127.0.0.1", "-t", test, "-s", std::to_string(size), "-n",
+				     std::to_string(iters)});
+	Exit c{};
+	for (int tries = 0;; tries++) {
+		// The server needs a moment to listen.
+		std::this_thread::sleep_for(std::chrono::milliseconds(tries ? 500 : 300));
+		int cfd = -1;
+		pid_t pid = spawn(client, &cfd, true);
+		c = wait_for(pid, cfd);
+		if (c.ok || c.out.find("connect") == std::string::npos || tries == 40)
+			break;
+	}
+	Exit s = wait_for(server, sfd);
+	if (!c.ok || !s.ok)
+		throw verbs::Error("ucx_perftest -t " + test + " (" + t.name +
+					   ") failed; client:\n" + c.out + "\nserver:\n" + s.out,
+				   EIO);
+	return c.out;
+}
+
+// The "Final:" line: iterations, then overhead (µs) 50th percentile,
+// average, overall, bandwidth (MB/s) average, overall, message rate ...
+std::vector<double> final_line(const std::string &out)
+{
+	std::istringstream in(out);
+	std::string line;
+	std::vector<double> v;
+	while (std::getline(in, line)) {
+		size_t at = line.find("Final:");
+		if (at == std::string::npos)
+			continue;
+		std::istringstream nums(line.substr(at + 6));
+		double x;
+		while (nums >> x)
+			v.push_back(x);
+	}
+	if (v.size() < 6)
+		throw verbs::Error("ucx_perftest: no Final: line in its output:\n" + out, EIO);
+	return v;
+}
+
+unsigned bw_iters(size_t size, bool quick)
+{
+	const size_t total = size_t(quick ? 32 : 128) << 20; // bytes moved per run
+	return unsigned(std::clamp<size_t>(total / size, 32, 20000));
+}
+
+unsigned lat_iters(size_t size, bool quick)
+{
+	const size_t total = size_t(quick ? 8 : 32) << 20; // bytes per direction
+	return unsigned(std::clamp<size_t>(total / size, 20, quick ? 500 : 2000));
+}
+
+} // namespace
+
+int ucx_bench(const Options &o)
+{
+	verbs::Context ctx = verbs::open_device(o.device);
+	const std::string dev = ibv_get_device_name(ctx->device);
+	const std::vector<Transport> ts = transports(dev);
+	const std::vector<size_t> sizes = {4U << 10, 64U << 10, 1U << 20, 4U << 20};
+	struct Series {
+		std::string test;
+		size_t size;
+		size_t transport;
+		std::vector<double> ns;
+		std::string proto_seen;
+	};
+	std::vector<Series> all;
+	for (const char *test : {"tag_bw", "tag_lat"})
+		for (size_t size : sizes)
+			for (size_t t = 0; t < ts.size(); t++)
+				all.push_back({test, size, t, {}, ""});
+
+	Report rep("Single copy within a node: ucx_perftest between two processes (" + dev +
+		   ")");
+	// Every repetition runs every cell once, transports side by side, so a
+	// drift of the machine's speed falls on all of them.
+	const unsigned total = o.reps * unsigned(all.size());
+	unsigned done = 0, port = 13400;
+	auto started = std::chrono::steady_clock::now();
+	for (unsigned r = 0; r < o.reps; r++) {
+		for (Series &s : all) {
+			if (!o.only.empty() && s.test.find(o.only) == std::string::npos)
+				continue;
+			const bool bw = s.test == "tag_bw";
+			const unsigned iters = bw ? bw_iters(s.size, o.quick)
+						  : lat_iters(s.size, o.quick);
+			// A fresh port each run: the last server's may linger.
+			const std::string out =
+				perftest(ts[s.transport], s.test, s.size, iters, port++);
+			const std::vector<double> v = final_line(out);
+			// ns per MB of bandwidth, or the one-way latency in ns.
+			s.ns.push_back(bw ? 1e9 / v[5] : 1e3 * v[2]);
+			if (s.proto_seen.empty() &&
+			    out.find(ts[s.transport].proto) != std::string::npos)
+				s.proto_seen = ts[s.transport].proto;
+			done++;
+			std::fprintf(stderr, "ucx: %u/%u runs, %.0f s\n", done, total,
+				     std::chrono::duration<double>(std::chrono::steady_clock::now() -
+								   started)
+					     .count());
+		}
+	}
+	for (const Series &s : all) {
+		if (s.ns.empty())
+			continue;
+		const bool bw = s.test == "tag_bw";
+		const std::string group =
+			bw ? "one node: ucx_perftest tag_bw (ns per MB, 1e9 / MB/s overall)"
+			   : "one node: ucx_perftest tag_lat (one-way latency)";
+		const Transport &t = ts[s.transport];
+		std::string note = t.how;
+		if (s.proto_seen.empty())
+			note += "; UCX_PROTO_INFO never named " + std::string(t.proto);
+		rep.add({group, size_name(s.size), t.name, spread_of(s.ns),
+			 std::string(ts[0].name) + "/" + size_name(s.size), note});
+	}
+	rep.finish(o.csv);
+	return 0;
+}
+
+} // namespace odpwatch::bench
