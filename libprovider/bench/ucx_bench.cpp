@@ -166,8 +166,7 @@ int ucx_bench(const Options &o)
 			for (size_t t = 0; t < ts.size(); t++)
 				all.push_back({test, size, t, {}, ""});
 
-	Report rep("Single copy within a node: ucx_perftest between two processes (" + dev +
-		   ")");
+	Report rep("Single copy within a node: ucx_perftest between two processes (" + dev + ")");
 	// Every repetition runs every cell once, transports side by side, so a
 	// drift of the machine's speed falls on all of them.
 	const unsigned total = o.reps * unsigned(all.size());
@@ -178,8 +177,8 @@ int ucx_bench(const Options &o)
 			if (!o.only.empty() && s.test.find(o.only) == std::string::npos)
 				continue;
 			const bool bw = s.test == "tag_bw";
-			const unsigned iters = bw ? bw_iters(s.size, o.quick)
-						  : lat_iters(s.size, o.quick);
+			const unsigned iters =
+				bw ? bw_iters(s.size, o.quick) : lat_iters(s.size, o.quick);
 			// A fresh port each run: the last server's may linger.
 			const std::string out =
 				perftest(ts[s.transport], s.test, s.size, iters, port++);
@@ -191,8 +190,8 @@ int ucx_bench(const Options &o)
 				s.proto_seen = ts[s.transport].proto;
 			done++;
 			std::fprintf(stderr, "ucx: %u/%u runs, %.0f s\n", done, total,
-				     std::chrono::duration<double>(std::chrono::steady_clock::now() -
-								   started)
+				     std::chrono::duration<double>(
+					     std::chrono::steady_clock::now() - started)
 					     .count());
 		}
 	}

@@ -668,7 +668,7 @@ TEST_F(ev, migration_by_migrate_pages)
 }
 
 /* A /proc/vmstat counter, or -1. */
-static long vmstat(const char *name)
+static long vmstat_count(const char *name)
 {
 	char line[128];
 	size_t len = strlen(name);
@@ -726,8 +726,8 @@ TEST_F_TIMEOUT(ev, numa_hinting, 150)
 	ASSERT_EQ(0, set_knob(_metadata, &self->s, "/proc/sys/kernel/numa_balancing", "1"));
 	watch_pair(&self->s, buf, n * self->page, 0, &p);
 	read_pagemap(self->page, buf, n, before);
-	pte_updates = vmstat("numa_pte_updates");
-	hint_faults = vmstat("numa_hint_faults");
+	pte_updates = vmstat_count("numa_pte_updates");
+	hint_faults = vmstat_count("numa_hint_faults");
 	/* The scan runs from the task's own ticks: keep touching the pages. */
 	for (t0 = now(); valid(&self->s, &p.w[ALL]) && now() - t0 < 120;)
 		for (int i = 0; i < n; i++)
@@ -737,8 +737,8 @@ TEST_F_TIMEOUT(ev, numa_hinting, 150)
 	if (!(reasons(&self->s, &p, ALL) & MEMWATCH_PROTECTION)) {
 		/* A scan that changed PTEs (anyone's) vs none at all. */
 		TH_LOG("in 120 s: numa_pte_updates +%ld, numa_hint_faults +%ld",
-		       vmstat("numa_pte_updates") - pte_updates,
-		       vmstat("numa_hint_faults") - hint_faults);
+		       vmstat_count("numa_pte_updates") - pte_updates,
+		       vmstat_count("numa_hint_faults") - hint_faults);
 		log_numa_state(_metadata);
 	}
 	ASSERT_NE(0U, reasons(&self->s, &p, ALL) & MEMWATCH_PROTECTION)
