@@ -923,6 +923,44 @@ TEST_F(ev, swap_out_under_a_memory_cgroup)
 	EXPECT_EQ(0, WEXITSTATUS(status));
 }
 
+/* Grow the stack by what the calls below will use, while outside the cgroup. */
+static void __attribute__((noinline)) grow_stack(void)
+{
+	volatile char pad[256 << 10];
+
+	for (size_t i = 0; i < sizeof(pad); i += 1024)
+		pad[i] = 0;
+}
+
+/*
+ * Make every private writable page of this process present and its own
+ * (copy-on-write broken) before it joins a cgroup it will fill: at the
+ * limit, a page fault of a process exempt from the OOM killer finds nothing
+ * to reclaim and nobody to kill, and is retried for ever. (Seen once: the
+ * test timed out, "Out of memory and no killable processes" for a
+ * GFP_HIGHUSER_MOVABLE fault, a copy-on-write of a page still shared with
+ * the parent.)
+ */
+static int populate_private_pages(void)
+{
+	unsigned long start, end;
+	char perms[8], line[512];
+	FILE *f;
+	int ret = 0;
+
+	grow_stack();
+	f = fopen("/proc/self/maps", "r");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "%lx-%lx %4s", &start, &end, perms) == 3 &&
+		    !strcmp(perms, "rw-p") &&
+		    madvise((void *)start, end - start, MADV_POPULATE_WRITE))
+			ret = -1;
+	fclose(f);
+	return ret;
+}
+
 /*
  * In a memory cgroup at its limit, ADD fails with ENOMEM, and leaves nothing
  * behind: the watches already added stay usable, one removed makes room for
@@ -940,7 +978,8 @@ static int memcg_add_child(struct cgroup *cg, long page, int report)
 	int fd, failures;
 	char *area;
 
-	if (write_file("/proc/self/oom_score_adj", "-1000") || join(cg))
+	if (populate_private_pages() ||
+	    write_file("/proc/self/oom_score_adj", "-1000") || join(cg))
 		return 1;
 	area = mmap(NULL, len, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS |
 		    MAP_NORESERVE, -1, 0);
