@@ -16,7 +16,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -31,32 +34,33 @@ struct Transport {
 	const char *name;
 	std::vector<std::string> env; // UCX_* settings, as env(1) takes them
 	const char *how;
-	const char *proto; // the protocol UCX must report choosing for large messages
 };
 
 std::vector<Transport> transports(const std::string &dev)
 {
-	const std::string net = "UCX_NET_DEVICES=" + dev + ":1";
+	// rc_verbs needs ud_verbs beside it to connect (UCX's auxiliary
+	// transport); the rendezvous of the zero-copy rows is a read from the
+	// sender's buffer (cma: process_vm_readv; rc: RDMA READ).
+	const std::vector<std::string> rc = {
+		"UCX_TLS=rc_verbs,ud_verbs", "UCX_NET_DEVICES=" + dev + ":1",
+		"UCX_UD_VERBS_ETH_DGID_CHECK=n", "UCX_RNDV_SCHEME=get_zcopy"};
+	std::vector<std::string> rc_odp = rc;
+	rc_odp.push_back("UCX_REG_NONBLOCK_MEM_TYPES=host");
 	return {
 		{"shared memory (posix)",
 		 {"UCX_TLS=posix"},
 		 "UCX's shared-memory transport alone: the sender copies into a shared "
-		 "segment, the receiver copies out",
-		 "posix"},
+		 "segment, the receiver copies out"},
 		{"shared memory + cma",
-		 {"UCX_TLS=posix,cma"},
-		 "rendezvous messages read straight from the sender's buffer with "
-		 "process_vm_readv: one copy",
-		 "cma"},
-		{"rc_verbs over rxe, pinned",
-		 {"UCX_TLS=rc_verbs", net},
-		 "rxe looping back to itself: RDMA READ of the sender's pinned buffer",
-		 "rc_verbs"},
-		{"rc_verbs over rxe, ODP",
-		 {"UCX_TLS=rc_verbs", net, "UCX_REG_NONBLOCK_MEM_TYPES=host"},
+		 {"UCX_TLS=posix,cma", "UCX_RNDV_SCHEME=get_zcopy"},
+		 "rendezvous messages read from the sender's buffer with process_vm_readv: "
+		 "one copy"},
+		{"rc_verbs over rxe, pinned", rc,
+		 "rxe looping back to itself; the receiver's RDMA READ of the sender's "
+		 "pinned buffer"},
+		{"rc_verbs over rxe, ODP", rc_odp,
 		 "the same with UCX registering on-demand-paging MRs "
-		 "(UCX_REG_NONBLOCK_MEM_TYPES=host)",
-		 "rc_verbs"},
+		 "(UCX_REG_NONBLOCK_MEM_TYPES=host)"},
 	};
 }
 
@@ -112,8 +116,47 @@ std::string perftest(const Transport &t, const std::string &test, size_t size, u
 	return c.out;
 }
 
-// The "Final:" line: iterations, then overhead (µs) 50th percentile,
-// average, overall, bandwidth (MB/s) average, overall, message rate ...
+// A size in UCX_PROTO_INFO's ranges: "8247", "256K", "inf".
+size_t proto_size(const std::string &s)
+{
+	if (s == "inf")
+		return SIZE_MAX;
+	size_t used = 0;
+	const unsigned long long n = std::stoull(s, &used);
+	const char unit = used < s.size() ? s[used] : 0;
+	return size_t(n) << (unit == 'K' ? 10 : unit == 'M' ? 20 : unit == 'G' ? 30 : 0);
+}
+
+// The protocol UCX_PROTO_INFO says the sender of the first tagged-message
+// table uses for @size, with its transport, e.g. "rendezvous zero-copy read
+// from remote (cma/memory)"; empty if the output has no such table.
+std::string chosen_protocol(const std::string &out, size_t size)
+{
+	static const std::regex row(R"(\|\s*(\w+)\.\.(\w+)\s*\|\s*([^|]*?)\s*\|\s*([^|]*?)\s*\|)");
+	std::istringstream in(out);
+	std::string line;
+	bool in_table = false;
+	while (std::getline(in, line)) {
+		if (line.find("tagged message by ucp_tag_send") != std::string::npos) {
+			in_table = true;
+			continue;
+		}
+		std::smatch m;
+		if (!in_table || !std::regex_search(line, m, row))
+			continue;
+		try {
+			if (proto_size(m[1]) <= size && size <= proto_size(m[2]))
+				return m[3].str() + " (" + m[4].str() + ")";
+		} catch (const std::exception &) {
+			// a row of another shape
+		}
+	}
+	return "";
+}
+
+// The "Final:" line: iterations, then overhead (µs; one way for the
+// latency tests) 50th percentile, average, overall, bandwidth (MB/s)
+// average, overall, message rate average, overall.
 std::vector<double> final_line(const std::string &out)
 {
 	std::istringstream in(out);
@@ -123,10 +166,14 @@ std::vector<double> final_line(const std::string &out)
 		size_t at = line.find("Final:");
 		if (at == std::string::npos)
 			continue;
-		std::istringstream nums(line.substr(at + 6));
-		double x;
-		while (nums >> x)
+		// strtod, not >>: a column may read "inf".
+		const char *p = line.c_str() + at + 6;
+		for (char *end;; p = end) {
+			const double x = std::strtod(p, &end);
+			if (end == p)
+				break;
 			v.push_back(x);
+		}
 	}
 	if (v.size() < 6)
 		throw verbs::Error("ucx_perftest: no Final: line in its output:\n" + out, EIO);
@@ -183,11 +230,12 @@ int ucx_bench(const Options &o)
 			const std::string out =
 				perftest(ts[s.transport], s.test, s.size, iters, port++);
 			const std::vector<double> v = final_line(out);
-			// ns per MB of bandwidth, or the one-way latency in ns.
-			s.ns.push_back(bw ? 1e9 / v[5] : 1e3 * v[2]);
-			if (s.proto_seen.empty() &&
-			    out.find(ts[s.transport].proto) != std::string::npos)
-				s.proto_seen = ts[s.transport].proto;
+			// ns per MB of bandwidth, or the one-way latency in ns:
+			// the "overall" columns (the averages of the last
+			// report interval may read inf).
+			s.ns.push_back(bw ? 1e9 / v[5] : 1e3 * v[3]);
+			if (s.proto_seen.empty())
+				s.proto_seen = chosen_protocol(out, s.size);
 			done++;
 			std::fprintf(stderr, "ucx: %u/%u runs, %.0f s\n", done, total,
 				     std::chrono::duration<double>(
@@ -201,11 +249,11 @@ int ucx_bench(const Options &o)
 		const bool bw = s.test == "tag_bw";
 		const std::string group =
 			bw ? "one node: ucx_perftest tag_bw (ns per MB, 1e9 / MB/s overall)"
-			   : "one node: ucx_perftest tag_lat (one-way latency)";
+			   : "one node: ucx_perftest tag_lat (one-way latency, overall)";
 		const Transport &t = ts[s.transport];
-		std::string note = t.how;
-		if (s.proto_seen.empty())
-			note += "; UCX_PROTO_INFO never named " + std::string(t.proto);
+		const std::string note =
+			std::string(t.how) + "; UCX chose: " +
+			(s.proto_seen.empty() ? "? (no UCX_PROTO_INFO table)" : s.proto_seen);
 		rep.add({group, size_name(s.size), t.name, spread_of(s.ns),
 			 std::string(ts[0].name) + "/" + size_name(s.size), note});
 	}
