@@ -105,7 +105,7 @@ void bench_unmap(Report &rep, const Options &o, CacheUnderTest *c)
 	std::vector<double> samples;
 	// Four times the repetitions: a rep is short, and one in which the
 	// monitor's thread happens to run beside the unmaps moves a median of
-	// five by half (1.47x against 0.95-1.01x in three later runs of ten).
+	// five by half (1.47x against 0.94-1.01x in three later runs of ten).
 	for (unsigned r = 0; r <= 4 * o.reps; r++) {
 		auto bufs = buffers(n, len);
 		if (c)
