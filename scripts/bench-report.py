@@ -29,6 +29,7 @@ BENCHES = OrderedDict(
         ("cache", "The registration cache, beside UCX's ucs_rcache and libfabric's MR cache"),
         ("ucx", "Single copy within a node: UCX's shared memory, cma and rc_verbs over rxe"),
         ("wire", "perftest between two kernels on a wire (two guests, rxe on each)"),
+        ("ucx-wire", "UCX between two kernels on a wire: put, get and tag latency, pinned against ODP"),
     ]
 )
 UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}

@@ -113,11 +113,16 @@ if [ "$job" = check ] && [ "$variant" = std ]; then
 		"/odpwatch/scripts/guest/wait-for-file.sh /out/$dir/middleware/node0/middleware.status" || true
 fi
 if [ "$job" = bench ]; then
-	# perftest across the wire: node 0 measures, node 1 serves the same runs.
+	# perftest, then UCX, across the wire: node 0 measures, node 1 serves
+	# the same runs.
 	b=/out/guest/bin/odpwatch
-	two_guests cluster "bench: perftest across two guests on a wire" cluster \
-		"$b bench wire --peer \$ODPWATCH_PEER $args --csv /out/$dir/wire.csv >/out/$dir/wire.md 2>/out/$dir/wire.log" \
-		"$b bench wire --serve $args 2>/out/$dir/wire-serve.log" || rc=1
+	two_guests cluster "bench: perftest and UCX across two guests on a wire" cluster \
+		"$b bench wire --peer \$ODPWATCH_PEER $args --csv /out/$dir/wire.csv >/out/$dir/wire.md 2>/out/$dir/wire.log; w=\$?
+		$b bench ucx --peer \$ODPWATCH_PEER $args --csv /out/$dir/ucx-wire.csv >/out/$dir/ucx-wire.md 2>/out/$dir/ucx-wire.log; u=\$?
+		[ \$w = 0 ] && [ \$u = 0 ]" \
+		"$b bench wire --serve $args 2>/out/$dir/wire-serve.log; w=\$?
+		$b bench ucx --serve $args 2>/out/$dir/ucx-wire-serve.log; u=\$?
+		[ \$w = 0 ] && [ \$u = 0 ]" || rc=1
 fi
 case $job in
 check)

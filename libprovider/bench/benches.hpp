@@ -25,8 +25,9 @@ int odp_bench(const Options &o);
 // The registration cache's policies: hits, misses, reuse, MPI-like workload.
 int cache_bench(const Options &o);
 // ucx_perftest between two processes of this node: shared memory, cma and
-// rc_verbs over rxe (pinned, ODP).
-int ucx_bench(const Options &o);
+// rc_verbs over rxe (pinned, ODP); or across the two-guest wire, node 0
+// measuring against @peer, node 1 serving (@serve) the same schedule.
+int ucx_bench(const Options &o, const std::string &peer = "", bool serve = false);
 // perftest across the two-guest wire: node 0 measures against @peer, node 1
 // serves (@serve) the same schedule of runs.
 int wire_bench(const Options &o, const std::string &peer, bool serve);

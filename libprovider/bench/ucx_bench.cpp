@@ -83,6 +83,20 @@ Exit wait_for(pid_t pid, int fd)
 	return {out, WIFEXITED(st) && !WEXITSTATUS(st)};
 }
 
+// A client run, started again while its server is not listening yet
+// (up to @tries times, half a second apart).
+Exit run_client(const std::vector<std::string> &argv, int tries)
+{
+	for (int i = 0;; i++) {
+		std::this_thread::sleep_for(std::chrono::milliseconds(i ? 500 : 300));
+		int fd = -1;
+		pid_t pid = spawn(argv, &fd, true);
+		Exit c = wait_for(pid, fd);
+		if (c.ok || c.out.find("connect") == std::string::npos || i == tries)
+			return c;
+	}
+}
+
 // One run: a server and a client on this node, meeting on a port of the
 // loopback interface. Returns the client's output.
 std::string perftest(const Transport &t, const std::string &test, size_t size, unsigned iters,
@@ -98,16 +112,7 @@ std::string perftest(const Transport &t, const std::string &test, size_t size, u
 	std::vector<std::string> client = base;
 	client.insert(client.end(), {"127.0.0.1", "-t", test, "-s", std::to_string(size), "-n",
 				     std::to_string(iters)});
-	Exit c{};
-	for (int tries = 0;; tries++) {
-		// The server needs a moment to listen.
-		std::this_thread::sleep_for(std::chrono::milliseconds(tries ? 500 : 300));
-		int cfd = -1;
-		pid_t pid = spawn(client, &cfd, true);
-		c = wait_for(pid, cfd);
-		if (c.ok || c.out.find("connect") == std::string::npos || tries == 40)
-			break;
-	}
+	Exit c = run_client(client, 40);
 	Exit s = wait_for(server, sfd);
 	if (!c.ok || !s.ok)
 		throw verbs::Error("ucx_perftest -t " + test + " (" + t.name +
@@ -192,12 +197,119 @@ unsigned lat_iters(size_t size, bool quick)
 	return unsigned(std::clamp<size_t>(total / size, 20, quick ? 500 : 2000));
 }
 
+// The device's ODP page-fault counter (rxe's hw_counters), or -1.
+long odp_page_faults(const std::string &dev)
+{
+	FILE *f = std::fopen(
+		("/sys/class/infiniband/" + dev + "/ports/1/hw_counters/odp_page_faults").c_str(),
+		"r");
+	long n = -1;
+	if (f) {
+		if (std::fscanf(f, "%ld", &n) != 1)
+			n = -1;
+		std::fclose(f);
+	}
+	return n;
+}
+
+// Across the two-guest wire: UCX's one-sided put and get and its tag
+// latency between node 0 and node 1, rc_verbs pinned against ODP. Node 1
+// serves every run of the same schedule, one ucx_perftest server each, on
+// a port of its own.
+int ucx_wire_bench(const Options &o, const std::string &dev, const std::string &peer, bool serve)
+{
+	struct Run {
+		const char *test;
+		size_t size;
+		bool odp;
+	};
+	std::vector<Run> runs;
+	for (unsigned r = 0; r < o.reps; r++) {
+		for (const char *test : {"ucp_put_bw", "ucp_get"})
+			for (size_t size : {64U << 10, 1U << 20})
+				for (bool odp : {false, true})
+					runs.push_back({test, size, odp});
+		for (size_t size : {4U << 10, 1U << 20})
+			for (bool odp : {false, true})
+				runs.push_back({"tag_lat", size, odp});
+	}
+	const std::vector<Transport> ts = transports(dev);
+	const unsigned base_port = 13900;
+	auto argv_of = [&](const Run &r, size_t i) {
+		const Transport &t = ts[r.odp ? 3 : 2];
+		std::vector<std::string> a = {"env"};
+		a.insert(a.end(), t.env.begin(), t.env.end());
+		a.insert(a.end(), {"ucx_perftest", "-p", std::to_string(base_port + i)});
+		return a;
+	};
+	if (serve) {
+		for (size_t i = 0; i < runs.size(); i++) {
+			int fd = -1;
+			Exit s = wait_for(spawn(argv_of(runs[i], i), &fd, true), fd);
+			if (!s.ok)
+				throw verbs::Error("ucx_perftest server failed:\n" + s.out, EIO);
+			std::fprintf(stderr, "ucx wire: served %zu/%zu\n", i + 1, runs.size());
+		}
+		return 0;
+	}
+	struct Cell {
+		Run run;
+		std::vector<double> ns;
+		long faults = 0;
+	};
+	std::vector<Cell> cells;
+	for (size_t i = 0; i < runs.size(); i++) {
+		const Run &r = runs[i];
+		const bool lat = std::string(r.test) == "tag_lat";
+		std::vector<std::string> a = argv_of(r, i);
+		a.insert(a.end(), {peer, "-t", r.test, "-s", std::to_string(r.size), "-n",
+				   std::to_string(lat ? lat_iters(r.size, o.quick)
+						      : bw_iters(r.size, o.quick))});
+		const long f0 = odp_page_faults(dev);
+		// The other node may still be ending its last run: two minutes.
+		Exit c = run_client(a, 240);
+		if (!c.ok)
+			throw verbs::Error("ucx_perftest against " + peer + " failed:\n" + c.out,
+					   EIO);
+		const std::vector<double> v = final_line(c.out);
+		const double ns = lat ? 1e3 * v[3] : 1e9 / v[5];
+		auto k = std::find_if(cells.begin(), cells.end(), [&](const Cell &x) {
+			return x.run.test == r.test && x.run.size == r.size && x.run.odp == r.odp;
+		});
+		if (k == cells.end())
+			k = cells.insert(cells.end(), Cell{r, {}, 0});
+		k->ns.push_back(ns);
+		k->faults += odp_page_faults(dev) - f0;
+		std::fprintf(stderr, "ucx wire: run %zu/%zu: %s %s%s\n", i + 1, runs.size(), r.test,
+			     size_name(r.size).c_str(), r.odp ? " ODP" : "");
+	}
+	Report rep("UCX between two kernels on a wire: ucx_perftest, rc_verbs over rxe (" + dev +
+		   ", peer " + peer + ")");
+	for (const Cell &c : cells) {
+		const bool lat = std::string(c.run.test) == "tag_lat";
+		const std::string group =
+			std::string("across the wire: ucx_perftest ") + c.run.test +
+			(lat ? " (one-way latency, overall)" : " (ns per MB, 1e9 / MB/s overall)");
+		const Transport &t = ts[c.run.odp ? 3 : 2];
+		std::string note = t.how;
+		if (c.run.odp)
+			note += "; this node's odp_page_faults +" + std::to_string(c.faults) +
+				" over its runs";
+		rep.add({group, size_name(c.run.size), c.run.odp ? "ODP" : "pinned",
+			 spread_of(c.ns), "pinned/" + size_name(c.run.size), note});
+	}
+	rep.finish(o.csv);
+	return 0;
+}
+
 } // namespace
 
-int ucx_bench(const Options &o)
+int ucx_bench(const Options &o, const std::string &peer, bool serve)
 {
 	verbs::Context ctx = verbs::open_device(o.device);
 	const std::string dev = ibv_get_device_name(ctx->device);
+	if (serve || !peer.empty())
+		return ucx_wire_bench(o, dev, peer, serve);
 	const std::vector<Transport> ts = transports(dev);
 	// Each run starts two UCX processes (~7 s under TCG): a quick run
 	// measures the two ends of the range only.

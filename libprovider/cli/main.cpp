@@ -73,7 +73,7 @@ bool csv_writable(const std::string &path)
 }
 
 // odpwatch bench memwatch|odp|cache|ucx|wire [--quick] [--reps N] [--csv FILE]
-//	[--only SECTION] [--no-uffd] [--peer ADDR | --serve]
+//	[--only SECTION] [--no-uffd] [--peer ADDR | --serve] (wire, ucx)
 int run_bench(const cli::Options &opt, int argc, char **argv)
 {
 	std::string_view what = argc >= 1 ? argv[0] : "";
@@ -92,9 +92,9 @@ int run_bench(const cli::Options &opt, int argc, char **argv)
 			quick = true;
 		} else if (a == "--no-uffd" && what == "memwatch") {
 			uffd = false;
-		} else if (a == "--serve" && what == "wire") {
+		} else if (a == "--serve" && (what == "wire" || what == "ucx")) {
 			serve = true;
-		} else if (a == "--peer" && what == "wire" && i + 1 < argc) {
+		} else if (a == "--peer" && (what == "wire" || what == "ucx") && i + 1 < argc) {
 			peer = argv[++i];
 		} else if (a == "--reps" && i + 1 < argc) {
 			if (!parse_reps(argv[++i], reps)) {
@@ -133,8 +133,14 @@ int run_bench(const cli::Options &opt, int argc, char **argv)
 		return bench::odp_bench(o);
 	if (what == "cache")
 		return bench::cache_bench(o);
-	if (what == "ucx")
-		return bench::ucx_bench(o);
+	if (what == "ucx") {
+		if (serve && !peer.empty()) {
+			std::fprintf(stderr, "odpwatch bench ucx: --peer ADDR (node 0) or --serve "
+					     "(node 1), not both\n");
+			return 2;
+		}
+		return bench::ucx_bench(o, peer, serve);
+	}
 	return bench::memwatch_bench(o);
 }
 
