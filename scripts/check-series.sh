@@ -3,6 +3,7 @@
 # fresh base tree, compare the result with the materialised tree, build it.
 . "$(dirname "$0")/lib.sh"
 
+export ODPWATCH_SERIES_CHECK=1
 stage "export series" "$TOP/scripts/export-series.sh"
 tree=$(cat "$OUT/.tree" 2>/dev/null || "$TOP/scripts/materialise.sh")
 # Laid out like the main tree (src/ and build-std/ side by side) so ccache hits.

@@ -7,6 +7,32 @@
 # and $OUT/series/libfabric/ (libprovider/libfabric/, libfabric's source).
 . "$(dirname "$0")/lib.sh"
 
+# The patches go out under a person's name (Developer's Certificate of
+# Origin): ODPWATCH_IDENTITY="Name <email>", or the exporter's git identity.
+# The repository stores them under a placeholder, replaced here in From: and
+# Signed-off-by:. Without an identity the export is refused, unless it is
+# only checked (make check-series: ODPWATCH_SERIES_CHECK=1), which signs as
+# "odpwatch check <check@localhost>".
+placeholder='odpwatch( developers)? <odpwatch@localhost>'
+identity=${ODPWATCH_IDENTITY:-}
+if [ -z "$identity" ]; then
+	name=$(git -C "$TOP" config user.name || true)
+	email=$(git -C "$TOP" config user.email || true)
+	[ -n "$name" ] && [ -n "$email" ] && identity="$name <$email>"
+fi
+if [ -z "$identity" ] || printf '%s\n' "$identity" | grep -qxE "$placeholder"; then
+	[ -n "${ODPWATCH_SERIES_CHECK:-}" ] ||
+		die "make series needs your identity for From: and Signed-off-by: git config user.name and user.email, or ODPWATCH_IDENTITY='Name <email>'"
+	identity="odpwatch check <check@localhost>"
+fi
+printf '%s\n' "$identity" | grep -qE '^[^<>]+ <[^<> @]+@[^<> ]+>$' ||
+	die "ODPWATCH_IDENTITY must read 'Name <email>', not '$identity'"
+# sign FILE...: the placeholder becomes the identity.
+sign() {
+	local who=${identity//&/\\&}
+	sed -i -E "s/^(From|Signed-off-by): $placeholder\$/\\1: ${who//\//\\/}/" "$@"
+}
+
 tree=$("$TOP/scripts/materialise.sh")
 work=$CACHE/series-export
 scratch_at_base "$tree" "$work" series
@@ -62,6 +88,8 @@ text = open(path).read()
 text = text.replace("*** SUBJECT HERE ***", subject).replace("*** BLURB HERE ***", body)
 open(path, "w").write(text)
 PY
+sign "$OUT"/series/*.patch
+log "series: signed by $identity"
 log "series: $(ls "$OUT"/series/*.patch | wc -l) files (cover letter + $(g rev-list --count odpwatch-base..series) patches) in $OUT/series"
 
 for project in rdma-core libfabric; do
@@ -72,5 +100,6 @@ for project in rdma-core libfabric; do
 		die "the $project series (libprovider/$project/) does not apply to its base with git am"
 	mkdir -p "$OUT/series/$project"
 	cp "$TOP/libprovider/$project"/*.patch "$OUT/series/$project/"
+	sign "$OUT/series/$project"/*.patch
 	log "series: $project: $(ls "$OUT/series/$project" | wc -l) patches in $OUT/series/$project"
 done
