@@ -251,7 +251,12 @@ static bool memwatch_invalidate(struct mmu_interval_notifier *mni,
 		memwatch_queue_event(ctx, w, start, end, reason);
 	}
 	spin_unlock(&ctx->qlock);
-	if (change)
+	/*
+	 * Most unmaps have nobody waiting: skip the wait queue's irq-safe
+	 * lock then. The full barrier in wq_has_sleeper() pairs with the one
+	 * in memwatch_poll() and with set_current_state() in a blocking read.
+	 */
+	if (change && wq_has_sleeper(&ctx->wqh))
 		wake_up_interruptible_poll(&ctx->wqh, EPOLLIN | EPOLLRDNORM);
 	return true;
 }
@@ -569,6 +574,8 @@ static __poll_t memwatch_poll(struct file *file, poll_table *wait)
 	struct memwatch_ctx *ctx = file->private_data;
 
 	poll_wait(file, &ctx->wqh, wait);
+	/* Queued before qtail is read: pairs with memwatch_invalidate(). */
+	smp_mb();
 	if (memwatch_check_mm(ctx, true))
 		return EPOLLERR;
 	return READ_ONCE(ctx->qtail) != READ_ONCE(ctx->qhead) ?
