@@ -290,8 +290,11 @@ int ucx_wire_bench(const Options &o, const std::string &dev, const std::string &
 		const std::string group =
 			std::string("across the wire: ucx_perftest ") + c.run.test +
 			(lat ? " (one-way latency, overall)" : " (ns per MB, 1e9 / MB/s overall)");
-		const Transport &t = ts[c.run.odp ? 3 : 2];
-		std::string note = t.how;
+		// Not the loopback rows' notes: here the peer is the other kernel.
+		std::string note =
+			std::string("rc_verbs to the other node, UCX_RNDV_SCHEME=get_zcopy, ") +
+			(c.run.odp ? "on-demand-paging MRs (UCX_REG_NONBLOCK_MEM_TYPES=host)"
+				   : "pinned MRs");
 		if (c.run.odp)
 			note += "; this node's odp_page_faults +" + std::to_string(c.faults) +
 				" over its runs";
