@@ -21,7 +21,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <map>
@@ -498,7 +500,6 @@ public:
 					   EIO);
 		return s;
 	}
-	const std::string &name() const { return name_; }
 
 private:
 	// The pipe ends every live worker's parent holds.
@@ -597,24 +598,22 @@ void bench_unwatched_munmap(Report &rep, const Options &o)
 				 auto mw = std::make_shared<Memwatch>(n);
 				 for (size_t i = 0; i < n; i++)
 					 mw->add(r->at(i), page, i);
-				 return loop([=](void *p) {
-					 if (mw && r)
-						 plain(p);
+				 // The watches live as long as the loop does.
+				 return loop([plain, keep = std::make_pair(mw, r)](void *p) {
+					 plain(p);
 				 });
 			 }}};
 		if (o.uffd)
-			variants.push_back({"uffd", "", [=]() -> MunmapRep {
-						    auto r = std::make_shared<Region>(n);
-						    auto cache = std::make_shared<RangeCache>();
-						    auto uffd =
-							    std::make_shared<UffdMonitor>(*cache);
-						    for (size_t i = 0; i < n; i++)
-							    uffd->watch(r->at(i), page);
-						    return loop([=](void *p) {
-							    if (uffd && r)
-								    plain(p);
-						    });
-					    }});
+			variants.push_back(
+				{"uffd", "", [=]() -> MunmapRep {
+					 auto r = std::make_shared<Region>(n);
+					 auto cache = std::make_shared<RangeCache>();
+					 auto uffd = std::make_shared<UffdMonitor>(*cache);
+					 for (size_t i = 0; i < n; i++)
+						 uffd->watch(r->at(i), page);
+					 return loop([plain, keep = std::make_pair(uffd, r)](
+							     void *p) { plain(p); });
+				 }});
 		variants.push_back(
 			{"hook", "a range-map lookup per munmap", [=]() -> MunmapRep {
 				 auto r = std::make_shared<Region>(n);
@@ -989,6 +988,165 @@ void bench_malloc_false_positives(Report &rep, const Options &o)
 	rep.remark(std::string("malloc-heavy program: ") + note);
 }
 
+// A knob under /sys, set for the life of this object and put back after.
+class SysKnob
+{
+public:
+	SysKnob(std::string path, const std::string &value) : path_(std::move(path))
+	{
+		old_ = read_knob(path_);
+		write_knob(path_, value);
+	}
+	SysKnob(const SysKnob &) = delete;
+	SysKnob &operator=(const SysKnob &) = delete;
+	~SysKnob()
+	{
+		try {
+			write_knob(path_, old_);
+		} catch (const std::exception &e) {
+			std::fprintf(stderr, "bench memwatch: %s\n", e.what());
+		}
+	}
+	static std::string read_knob(const std::string &path)
+	{
+		FILE *f = std::fopen(path.c_str(), "r");
+		if (!f)
+			throw verbs::Error("open " + path, errno);
+		char buf[64] = "";
+		bool ok = std::fgets(buf, sizeof(buf), f) != nullptr;
+		std::fclose(f);
+		if (!ok)
+			throw verbs::Error("read " + path, EIO);
+		std::string s(buf);
+		while (!s.empty() && s.back() == '\n')
+			s.pop_back();
+		return s;
+	}
+	static void write_knob(const std::string &path, const std::string &value)
+	{
+		FILE *f = std::fopen(path.c_str(), "w");
+		if (!f)
+			throw verbs::Error("open " + path, errno);
+		bool ok = std::fputs(value.c_str(), f) >= 0;
+		ok = std::fclose(f) == 0 && ok;
+		if (!ok)
+			throw verbs::Error("write " + value + " to " + path, errno);
+	}
+
+private:
+	std::string path_, old_;
+};
+
+// KSM against a pinned-registration cache. ksm's write_protect_page()
+// invalidates a page (CLEAR) before it compares the page's references with
+// its mappings and gives up on a pinned one: every KSM pass that finds a
+// pinned page with a twin changes its watch though the page stays. The
+// cache re-registers, and the next pass does it again. 64 buffers of
+// 4 pages, each with its MR and its watch, MADV_MERGEABLE; a cache that
+// checks every buffer each 10 ms and re-registers (dereg, reg, watch) the
+// ones that changed. Pages moved: frames that differ from the start.
+void bench_ksm(Report &rep, const Options &o)
+{
+	const std::string ksm = "/sys/kernel/mm/ksm/";
+	if (access((ksm + "run").c_str(), W_OK)) {
+		rep.remark("KSM: not measured (" + ksm +
+			   "run not writable: no CONFIG_KSM, or not root)");
+		return;
+	}
+	const std::string g = "KSM passes over a pinned-registration cache's buffers";
+	const size_t buffers = 64, pages = 4, len = pages * page;
+	const double seconds = o.quick ? 3 : 10;
+	verbs::Context ctx = verbs::open_device(o.device);
+	verbs::Pd pd = verbs::alloc_pd(ctx.get());
+	Pagemap pm;
+	struct Variant {
+		const char *name, *note;
+		bool pinned, twins;
+	};
+	const Variant variants[] = {
+		{"pinned, every page different", "no twins: KSM has nothing to try", true, false},
+		{"pinned, every page equal", "each pass tries, fails on the pin, invalidates", true,
+		 true},
+		{"not pinned, every page equal", "watched only: KSM merges each page once", false,
+		 true},
+	};
+	// Stopped (and every page unmerged: 2) while the buffers are set up;
+	// put back last, after the scan settings.
+	SysKnob run(ksm + "run", "2");
+	SysKnob sleep_ms(ksm + "sleep_millisecs", "10");
+	SysKnob scan(ksm + "pages_to_scan", "1000");
+	std::string summary;
+	for (const Variant &v : variants) {
+		Region r(buffers * pages);
+		for (size_t i = 0; i < buffers * pages; i++) {
+			// Equal pages, or each page marked with its number.
+			std::memset(r.at(i), 0x5a, page);
+			if (!v.twins)
+				std::memcpy(r.at(i), &i, sizeof(i));
+		}
+		Memwatch mw(2 * buffers);
+		std::vector<verbs::Mr> mrs(buffers);
+		std::vector<Memwatch::Watch> w(buffers);
+		auto reg = [&](size_t b) {
+			if (v.pinned)
+				mrs[b] = verbs::reg_mr(pd.get(), r.at(b * pages), len,
+						       IBV_ACCESS_LOCAL_WRITE);
+			w[b] = mw.add(r.at(b * pages), len, b);
+		};
+		for (size_t b = 0; b < buffers; b++)
+			reg(b);
+		const std::vector<uint64_t> before = pm.frames(r.at(0), buffers * pages);
+		if (madvise(r.at(0), buffers * len, MADV_MERGEABLE))
+			throw verbs::Error("madvise(MADV_MERGEABLE)", errno);
+		SysKnob::write_knob(ksm + "run", "1");
+		uint64_t again = 0;
+		double reg_ns = 0;
+		const int64_t t0 = now_ns();
+		while (double(now_ns() - t0) < seconds * 1e9) {
+			for (size_t b = 0; b < buffers; b++) {
+				if (mw.valid(w[b]))
+					continue;
+				const int64_t r0 = now_ns();
+				mw.remove(w[b].id);
+				mrs[b].reset();
+				reg(b);
+				reg_ns += double(now_ns() - r0);
+				again++;
+			}
+			drain(mw);
+			std::this_thread::sleep_for(std::chrono::milliseconds(10));
+		}
+		SysKnob::write_knob(ksm + "run", "2"); // unmerge all, stop
+		const std::vector<uint64_t> after = pm.frames(r.at(0), buffers * pages);
+		size_t moved = 0;
+		for (size_t i = 0; i < before.size(); i++)
+			moved += before[i] != after[i];
+		for (size_t b = 0; b < buffers; b++)
+			mw.remove(w[b].id);
+		mrs.clear();
+		if (madvise(r.at(0), buffers * len, MADV_UNMERGEABLE))
+			throw verbs::Error("madvise(MADV_UNMERGEABLE)", errno);
+		const double per_s = double(again) / seconds;
+		char note[256];
+		std::snprintf(
+			note, sizeof(note),
+			"%s; %llu re-registrations in %.0f s (%.1f per s), %zu of %zu pages moved",
+			v.note, (unsigned long long)again, seconds, per_s, moved, buffers * pages);
+		rep.add({g,
+			 std::to_string(buffers) + " buffers of " + std::to_string(len >> 10) +
+				 " KiB",
+			 v.name, spread_of({again ? reg_ns / double(again) : 0}),
+			 std::string(v.name) + "/" + std::to_string(buffers) + " buffers of " +
+				 std::to_string(len >> 10) + " KiB",
+			 note});
+		char s[160];
+		std::snprintf(s, sizeof(s), "%s%s: %.1f re-registrations per s, %zu pages moved",
+			      summary.empty() ? "" : "; ", v.name, per_s, moved);
+		summary += s;
+	}
+	rep.remark("KSM (ns/op: one re-registration, dereg + reg + watch): " + summary);
+}
+
 int memwatch_bench(const Options &o)
 {
 	Report rep("memwatch against a userfaultfd monitor and an interposed hook");
@@ -1000,7 +1158,8 @@ int memwatch_bench(const Options &o)
 		 {"munmap of a watched page", [&] { bench_watched_munmap(rep, o); }},
 		 {"event delivery", [&] { bench_delivery(rep, o); }},
 		 {"first watch", [&] { bench_first_watch(rep, o); }},
-		 {"false positives under malloc", [&] { bench_malloc_false_positives(rep, o); }}});
+		 {"false positives under malloc", [&] { bench_malloc_false_positives(rep, o); }},
+		 {"KSM over pinned registrations", [&] { bench_ksm(rep, o); }}});
 	rep.finish(o.csv);
 	return 0;
 }
