@@ -15,23 +15,36 @@
 //                    and the time of each pass. Then a pinned registration
 //                    of the same buffer under RLIMIT_MEMLOCK (CAP_IPC_LOCK
 //                    dropped) at the buffer's half: ENOMEM, nothing pinned.
+//   pin-forever POLICY MIB  an irregular workload (phases that allocate,
+//                    register, send and free buffers) under RLIMIT_MEMLOCK
+//                    of MIB MiB: pinned memory and RSS per phase, for the
+//                    pin-forever workaround and for odpwatch's cache policies
 #include "check.hpp"
 #include "memwatch.hpp"
 #include "verbs.hpp"
 
+#include <odpwatch/regcache.h>
+
 #include <linux/capability.h>
+#include <malloc.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <memory>
+#include <random>
 #include <string>
 #include <thread>
+#include <vector>
 
 using namespace odpwatch;
 
@@ -254,6 +267,171 @@ void beyond_memory(size_t mib)
 		    mib, err, std::strerror(err), pinned, vm_pin_kib());
 }
 
+// RSS and pinned memory of this process, in KiB.
+struct Memory {
+	size_t rss_kib, pin_kib;
+};
+
+Memory memory_now()
+{
+	std::ifstream status("/proc/self/status");
+	Memory m{0, 0};
+	for (std::string line; std::getline(status, line);)
+		if (line.rfind("VmRSS:", 0) == 0)
+			m.rss_kib = std::stoul(line.substr(6));
+		else if (line.rfind("VmPin:", 0) == 0)
+			m.pin_kib = std::stoul(line.substr(6));
+	return m;
+}
+
+// Registrations as MPI libraries made them before they could learn of
+// unmaps: malloc never gives memory back (so no registered page can go
+// stale), every registration is kept for ever, a buffer inside one is a hit.
+class PinForeverCache
+{
+public:
+	explicit PinForeverCache(ibv_pd *pd) : pd_(pd)
+	{
+		CHECK(mallopt(M_TRIM_THRESHOLD, INT_MAX) == 1);
+		CHECK(mallopt(M_MMAP_MAX, 0) == 1);
+	}
+	ibv_mr *get(void *addr, size_t len)
+	{
+		auto a = reinterpret_cast<uintptr_t>(addr);
+		for (const auto &mr : mrs_) {
+			auto s = reinterpret_cast<uintptr_t>(mr->addr);
+			if (s <= a && a + len <= s + mr->length)
+				return mr.get();
+		}
+		mrs_.push_back(verbs::reg_mr(pd_, addr, len, kPinned));
+		return mrs_.back().get();
+	}
+	size_t registrations() const { return mrs_.size(); }
+
+private:
+	ibv_pd *pd_;
+	std::vector<verbs::Mr> mrs_;
+};
+
+// pin-forever POLICY MIB: an irregular workload under RLIMIT_MEMLOCK of MIB
+// MiB, CAP_IPC_LOCK dropped. Phases of different sizes, each allocating
+// buffers of 64 KiB to 4 MiB with malloc, registering each through the
+// policy's cache, sending it (RDMA WRITE over a loopback QP), then freeing
+// them all. One line per phase, at its peak and after the free, with RSS,
+// pinned memory and registrations so far; a registration that fails ends
+// the run with the phase and errno, exit status 3.
+int pin_forever(const std::string &policy, size_t memlock_mib)
+{
+	static const std::map<std::string, int> policies = {
+		{"pin-forever", -1},
+		{"memwatch", ODPWATCH_CACHE_PINNED},
+		{"explicit-odp", ODPWATCH_CACHE_EXPLICIT_ODP},
+		{"implicit-odp", ODPWATCH_CACHE_IMPLICIT_ODP}};
+	auto p = policies.find(policy);
+	if (p == policies.end()) {
+		std::fprintf(stderr,
+			     "pin-forever: policy pin-forever, memwatch, explicit-odp or "
+			     "implicit-odp, not '%s'\n",
+			     policy.c_str());
+		return 2;
+	}
+	drop_ipc_lock();
+	rlimit lim{.rlim_cur = memlock_mib * MiB, .rlim_max = memlock_mib * MiB};
+	CHECK(setrlimit(RLIMIT_MEMLOCK, &lim) == 0);
+	auto ctx = verbs::open_device("rxe0");
+	auto pd = verbs::alloc_pd(ctx.get());
+	verbs::LoopbackQp qp(ctx.get(), pd.get());
+	// The receiving side: ODP, so it pins nothing and is the same for all.
+	verbs::Mapping sink(64 * KiB);
+	verbs::Mr sink_mr = verbs::reg_mr(pd.get(), sink.data(), sink.size(), kOdp);
+
+	std::unique_ptr<PinForeverCache> forever;
+	odpwatch_cache *cache = nullptr;
+	if (p->second < 0) {
+		forever = std::make_unique<PinForeverCache>(pd.get());
+	} else {
+		odpwatch_cache_attr attr{};
+		attr.policy = uint32_t(p->second);
+		CHECK_RC(-odpwatch_cache_create(&attr, &cache), 0);
+	}
+	auto registrations = [&]() -> size_t {
+		if (forever)
+			return forever->registrations();
+		odpwatch_cache_stats st{};
+		CHECK_RC(-odpwatch_cache_query(cache, &st), 0);
+		return st.registrations;
+	};
+	auto sample = [&](size_t phase, const char *when, size_t mib) {
+		const Memory m = memory_now();
+		std::printf("phase %zu %s: %zu MiB in buffers, rss %zu KiB, pinned %zu KiB, "
+			    "registrations %zu\n",
+			    phase, when, mib, m.rss_kib, m.pin_kib, registrations());
+		std::fflush(stdout);
+	};
+
+	// MiB allocated in each phase: an irregular demand, peaking twice.
+	const size_t phases[] = {8, 48, 4, 96, 16, 2, 64, 8, 128, 4, 32, 8};
+	std::mt19937 rng(7);
+	std::uniform_int_distribution<size_t> size_kib(64, 4096);
+	int rc = 0;
+	for (size_t ph = 0; ph < std::size(phases) && !rc; ph++) {
+		std::vector<std::pair<void *, size_t>> bufs;
+		size_t total = 0;
+		while (total < phases[ph] * MiB) {
+			const size_t len = size_kib(rng) * KiB;
+			void *b = std::malloc(len);
+			CHECK(b != nullptr);
+			std::memset(b, int(ph), len);
+			bufs.emplace_back(b, len);
+			total += len;
+		}
+		for (auto [b, len] : bufs) {
+			ibv_mr *mr = nullptr;
+			odpwatch_cache_reg *reg = nullptr;
+			int err = 0;
+			if (forever) {
+				try {
+					mr = forever->get(b, len);
+				} catch (const verbs::Error &e) {
+					err = e.err();
+				}
+			} else {
+				err = -odpwatch_cache_get(cache, pd.get(), b, len,
+							  IBV_ACCESS_LOCAL_WRITE, &reg);
+				if (!err)
+					mr = odpwatch_cache_reg_mr(reg);
+			}
+			if (err) {
+				sample(ph, "failed", total / MiB);
+				std::printf("phase %zu: registration of %zu KiB failed: errno %d "
+					    "(%s)\n",
+					    ph, len / KiB, err, std::strerror(err));
+				rc = 3;
+				break;
+			}
+			// Send from it: its first 64 KiB written into the receiver.
+			CHECK(qp.rdma_write(mr, b, std::min(len, 64 * KiB), sink_mr.get(),
+					    sink.data()) == IBV_WC_SUCCESS);
+			if (reg)
+				CHECK_RC(-odpwatch_cache_put(cache, reg), 0);
+		}
+		if (!rc)
+			sample(ph, "peak", total / MiB);
+		for (auto [b, len] : bufs)
+			std::free(b);
+		if (cache) {
+			// An application's progress loop: drop what was freed.
+			CHECK(odpwatch_cache_process_events(cache) >= 0);
+			CHECK_RC(-odpwatch_cache_flush(cache), 0);
+		}
+		if (!rc)
+			sample(ph, "freed", 0);
+	}
+	if (cache)
+		CHECK_RC(-odpwatch_cache_destroy(cache), 0);
+	return rc;
+}
+
 } // namespace
 
 int main(int argc, char **argv)
@@ -268,10 +446,12 @@ int main(int argc, char **argv)
 			watch_flood();
 		else if (mode == "beyond-memory" && argc > 2)
 			beyond_memory(std::stoul(argv[2]));
+		else if (mode == "pin-forever" && argc > 3)
+			return pin_forever(argv[2], std::stoul(argv[3]));
 		else {
 			std::fprintf(stderr,
 				     "usage: %s memlock | watch-charge N | watch-flood | "
-				     "beyond-memory MIB\n",
+				     "beyond-memory MIB | pin-forever POLICY MIB\n",
 				     argv[0]);
 			return 2;
 		}
