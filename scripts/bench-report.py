@@ -209,6 +209,60 @@ def stale_matrix(rows):
     return "\n".join(out)
 
 
+PIN_POLICIES = ["pin-forever", "memwatch", "explicit-odp", "implicit-odp"]
+PIN_PHASE = re.compile(r"phase (\d+) (peak|freed|failed): (\d+) MiB in buffers, rss (\d+) KiB, "
+                       r"pinned (\d+) KiB, registrations (\d+)")
+
+
+def pin_forever(d, plots):
+    """The pin-forever workload (run-bench.sh: pin-forever-POLICY.txt, the
+    output of `odpwatch-limits pin-forever POLICY 160`): memory over its
+    phases for each policy, a plot and a table; [] if it did not run."""
+    runs = OrderedDict()
+    for pol in PIN_POLICIES:
+        f = d / f"pin-forever-{pol}.txt"
+        if f.exists():
+            text = f.read_text()
+            runs[pol] = ([(int(m[1]), m[2], int(m[4]) / 1024, int(m[5]) / 1024, int(m[6]))
+                          for m in PIN_PHASE.finditer(text)],
+                         re.search(r"registration of \d+ KiB failed: errno \d+ \(([^)]*)\)", text))
+    if not runs:
+        return []
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for pol, (rows, _) in runs.items():
+        x = [r[0] + (0.5 if r[1] != "peak" else 0) for r in rows]
+        for ax, k in zip(axes, (2, 3)):
+            ax.plot(x, [r[k] for r in rows], marker=".", label=pol)
+    for ax, what in zip(axes, ("resident (RSS)", "pinned (VmPin)")):
+        ax.set_title(f"{what}, MiB")
+        ax.set_xlabel("phase (at its peak, then after its free)")
+        ax.grid(alpha=0.3)
+    axes[1].axhline(160, color="grey", linestyle=":", label="RLIMIT_MEMLOCK")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(plots / "pin-forever.png", dpi=90)
+    plt.close(fig)
+    md = ["## Pin-forever: an irregular workload under RLIMIT_MEMLOCK", "",
+          "`odpwatch-limits pin-forever POLICY 160`: 12 phases that malloc 2 to 128 MiB of buffers "
+          "(64 KiB to 4 MiB each), register each, send from it (RDMA WRITE of its first 64 KiB) and "
+          "free them all; RLIMIT_MEMLOCK 160 MiB, CAP_IPC_LOCK dropped. *pin-forever* is the "
+          "workaround MPI libraries used: malloc never gives memory back, registrations are kept "
+          "for ever. The others go through odpwatch's cache.", "",
+          "![pin-forever](plots/pin-forever.png)", "",
+          "| policy | phases done | peak RSS | RSS at the end | peak pinned | pinned at the end | "
+          "registrations | ended |",
+          "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for pol, (rows, failed) in runs.items():
+        if not rows:
+            md.append(f"| {pol} | 0 | | | | | | no output |")
+            continue
+        done = len({r[0] for r in rows if r[1] == "freed"})
+        md.append(f"| {pol} | {done} | {max(r[2] for r in rows):.0f} MiB | {rows[-1][2]:.0f} MiB | "
+                  f"{max(r[3] for r in rows):.0f} MiB | {rows[-1][3]:.0f} MiB | {rows[-1][4]} | "
+                  + (f"registration failed: {failed[1]}" if failed else "all phases") + " |")
+    return md + [""]
+
+
 def git(*args):
     try:
         return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
@@ -298,6 +352,7 @@ def main():
             md.append(f"| {b} | {name} | {v} | {n} | {x0:,} | {x1:,} | {fmt_ns(y0)} | "
                       f"{fmt_ns(y1)} | {k:.2f} |")
         md.append("")
+    md += pin_forever(d, plots)
     md += ["## Raw data", ""] + [f"- [{b}.csv]({b}.csv)" for b in allrows] + [""]
     (d / "report.md").write_text("\n".join(md))
     print(f"report: {d / 'report.md'}: {sum(len(r) for r in allrows.values())} rows, "

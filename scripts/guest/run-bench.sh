@@ -1,7 +1,9 @@
 #!/bin/sh
 # Run every benchmark inside the guest: `odpwatch bench memwatch|odp|cache|ucx`,
 # each writing its markdown table (NAME.md), its rows (NAME.csv) and its
-# progress (NAME.log) into DIR; the host turns them into report.md with plots.
+# progress (NAME.log) into DIR, and the pin-forever workload for each cache
+# policy (pin-forever-POLICY.txt); the host turns them into report.md with
+# plots.
 #   run-bench.sh DIR     DIR/args: extra arguments for every benchmark
 #                        (e.g. --quick --reps 3), written by the host
 dir=$1
@@ -22,6 +24,18 @@ for b in memwatch odp cache ucx; do
 		rc=1
 		say "bench $b: FAILED after $(($(date +%s) - t0)) s; last lines of its log:"
 		tail -n 5 "$dir/$b.log" | sed 's/^/odpwatch:   /'
+	fi
+done
+# Pin-forever against the cache's policies, one process each (the report
+# plots memory over the workload's phases).
+for p in pin-forever memwatch explicit-odp implicit-odp; do
+	say "pin-forever: $p"
+	/out/guest/bin/odpwatch-limits pin-forever "$p" 160 >"$dir/pin-forever-$p.txt" 2>&1
+	st=$?
+	# 3: a registration failed, as pin-forever is expected to.
+	if [ $st != 0 ] && [ $st != 3 ]; then
+		rc=1
+		say "pin-forever: $p FAILED (exit $st): $(tail -n 1 "$dir/pin-forever-$p.txt")"
 	fi
 done
 exit $rc
