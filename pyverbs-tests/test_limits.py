@@ -168,3 +168,17 @@ def test_odp_cache_gives_memory_back_and_pins_nothing(policy):
     assert [r[0] for r in freed] == list(range(PIN_PHASES)), p.stdout
     assert all(r[4] == 0 for r in rows), p.stdout
     assert freed[8][3] < 16 << 10, p.stdout
+
+
+def test_memwatch_cache_releases_what_is_freed():
+    """The same workload through odpwatch's cache with pinned registrations
+    and memwatch: it runs to its end under the same limit, because what
+    malloc gives back to the kernel is dropped from the cache (its watch
+    changes) and deregistered, so after the 128 MiB phase both resident and
+    pinned memory are back under 16 MiB."""
+    p, rows = pin_forever("memwatch")
+    assert p.returncode == 0, p.stdout + p.stderr
+    freed = [r for r in rows if r[1] == "freed"]
+    assert [r[0] for r in freed] == list(range(PIN_PHASES)), p.stdout
+    assert max(r[4] for r in rows) > 100 << 10, "nothing was pinned: " + p.stdout
+    assert freed[8][3] < 16 << 10 and freed[8][4] < 16 << 10, p.stdout

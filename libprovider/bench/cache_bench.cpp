@@ -58,12 +58,22 @@ std::string name(int policy)
 	return odpwatch_cache_policy_name(policy);
 }
 
-// Our cache under one policy, as the shared workloads see it.
+// Our cache under one policy, as the shared workloads see it. It
+// deregisters what it drops on a thread of its own, off the caller's path;
+// the peers deregister inline. @wait_dereg times it as they are timed: each
+// put waits until what was dropped so far is deregistered (flush).
 class OurCache final : public CacheUnderTest
 {
 public:
-	OurCache(int policy, ibv_pd *pd) : c_(make_cache(policy)), policy_(policy), pd_(pd) {}
-	std::string name() const override { return odpwatch_cache_policy_name(policy_); }
+	OurCache(int policy, ibv_pd *pd, bool wait_dereg = false)
+	    : c_(make_cache(policy)), policy_(policy), pd_(pd), wait_dereg_(wait_dereg)
+	{
+	}
+	std::string name() const override
+	{
+		return std::string(odpwatch_cache_policy_name(policy_)) +
+		       (wait_dereg_ ? ", dereg waited for" : "");
+	}
 	CacheHit get(void *addr, size_t len) override
 	{
 		odpwatch_cache_reg *reg = nullptr;
@@ -74,6 +84,8 @@ public:
 	void put(CacheHit h) override
 	{
 		odpwatch_cache_put(c_.get(), static_cast<odpwatch_cache_reg *>(h.handle));
+		if (wait_dereg_)
+			odpwatch_cache_flush(c_.get());
 	}
 	bool pins_pages() const override { return policy_ == ODPWATCH_CACHE_PINNED; }
 	std::string how() const override
@@ -87,6 +99,7 @@ private:
 	Cache c_;
 	int policy_;
 	ibv_pd *pd_;
+	bool wait_dereg_;
 };
 
 const char *hit_note(int policy)
@@ -211,6 +224,8 @@ int cache_bench(const Options &o)
 		       [&] {
 			       bench_reuse_baseline(rep, o);
 			       each_policy([&](OurCache &c, int) { bench_reuse(rep, o, c); });
+			       OurCache inline_dereg(ODPWATCH_CACHE_PINNED, pd.get(), true);
+			       bench_reuse(rep, o, inline_dereg);
 		       }},
 		      {"munmap of a cached buffer",
 		       [&] {
@@ -218,7 +233,11 @@ int cache_bench(const Options &o)
 			       each_policy([&](OurCache &c, int) { bench_unmap(rep, o, &c); });
 		       }},
 		      {"MPI-like workload",
-		       [&] { each_policy([&](OurCache &c, int) { bench_workload(rep, o, c); }); }},
+		       [&] {
+			       each_policy([&](OurCache &c, int) { bench_workload(rep, o, c); });
+			       OurCache inline_dereg(ODPWATCH_CACHE_PINNED, pd.get(), true);
+			       bench_workload(rep, o, inline_dereg);
+		       }},
 		      {"stale registrations, five ways to free",
 		       [&] {
 			       each_policy([&](OurCache &c, int) {

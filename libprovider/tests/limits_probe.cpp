@@ -346,6 +346,8 @@ int pin_forever(const std::string &policy, size_t memlock_mib)
 	verbs::Mr sink_mr = verbs::reg_mr(pd.get(), sink.data(), sink.size(), kOdp);
 
 	std::unique_ptr<PinForeverCache> forever;
+	std::unique_ptr<odpwatch_cache, decltype(&odpwatch_cache_destroy)> owned(
+		nullptr, odpwatch_cache_destroy);
 	odpwatch_cache *cache = nullptr;
 	if (p->second < 0) {
 		forever = std::make_unique<PinForeverCache>(pd.get());
@@ -353,6 +355,7 @@ int pin_forever(const std::string &policy, size_t memlock_mib)
 		odpwatch_cache_attr attr{};
 		attr.policy = uint32_t(p->second);
 		CHECK_RC(-odpwatch_cache_create(&attr, &cache), 0);
+		owned.reset(cache);
 	}
 	auto registrations = [&]() -> size_t {
 		if (forever)
@@ -428,7 +431,7 @@ int pin_forever(const std::string &policy, size_t memlock_mib)
 			sample(ph, "freed", 0);
 	}
 	if (cache)
-		CHECK_RC(-odpwatch_cache_destroy(cache), 0);
+		CHECK_RC(-odpwatch_cache_destroy(owned.release()), 0);
 	return rc;
 }
 
