@@ -5,7 +5,7 @@
 
 PKGS=(build-essential bc bison flex libelf-dev libssl-dev cpio rsync xz-utils kmod
 	dwarves python3 git ccache debootstrap qemu-system-x86 qemu-utils
-	clang-format python3-ply python3-git groff-base)
+	clang-format python3-ply python3-git groff-base python3-docutils)
 # make bench draws its plots on the host.
 [ "${1:-}" = bench ] && PKGS+=(python3-matplotlib)
 missing=()

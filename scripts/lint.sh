@@ -48,6 +48,17 @@ if [ ${#pages[@]} -gt 0 ]; then
 		rc=1
 	fi
 fi
+# Our kernel documentation pages: no docutils warning (they use no Sphinx
+# roles or directives, so this is what the kernel's htmldocs would say;
+# Debian's python3, the one python3-docutils is installed for).
+mapfile -t rst < <(cd "$TOP" && git ls-files 'Documentation/*.rst')
+if out=$(cd "$TOP" && /usr/bin/python3 "$TOP/scripts/check-rst.py" "${rst[@]}" 2>&1); then
+	log "lint: $out"
+else
+	printf '%s\n' "$out" >&2
+	log "lint: the documentation pages above have warnings"
+	rc=1
+fi
 # memwatch_create(2)'s ERRORS against the errnos of mm/memwatch.c and of the
 # bad-input selftest.
 if out=$(python3 "$TOP/scripts/check-man-errnos.py" "$TOP"); then
