@@ -263,6 +263,61 @@ def pin_forever(d, plots):
     return md + [""]
 
 
+BEYOND = re.compile(r"resident 1/(\d+) rep \d+: (\d+) MiB written in (\d+) ms, read in (\d+) ms; "
+                    r"swapped out (\d+) pages, in (\d+); (\d+) chunks wrong")
+
+
+def beyond_memory(d, plots):
+    """Demand paging beyond memory (run-bench.sh: beyond-memory.txt): the
+    RDMA WRITE and READ rates of an ODP MR over 64 MiB against the fraction
+    of it its memory cgroup may keep resident; [] if it did not run."""
+    f = d / "beyond-memory.txt"
+    if not f.exists():
+        return []
+    runs = OrderedDict()
+    for m in BEYOND.finditer(f.read_text()):
+        frac, mib, w, r, out, swin, wrong = map(int, m.groups())
+        runs.setdefault(frac, []).append((mib * 1000 / w, mib * 1000 / r, out, swin, wrong))
+    if not runs:
+        return ["## Demand paging beyond memory", "", "Not measured: no result lines in "
+                "beyond-memory.txt.", ""]
+
+    def median(xs):
+        xs = sorted(xs)
+        return xs[len(xs) // 2]
+
+    fr = sorted(runs)
+    med = {k: [median([x[i] for x in runs[k]]) for i in range(4)] for k in fr}
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for i, what in ((0, "RDMA WRITE"), (1, "RDMA READ")):
+        ax.plot([1 / k for k in fr], [med[k][i] for k in fr], marker="o", label=what)
+    ax.set_xlabel("fraction of the 64 MiB the cgroup may keep resident")
+    ax.set_ylabel("MiB/s (median)")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(plots / "beyond-memory.png", dpi=90)
+    plt.close(fig)
+    base = med[fr[0]]
+    md = ["## Demand paging beyond memory: the rate as the resident fraction shrinks", "",
+          "`odpwatch-limits beyond-memory 64` in a memory cgroup whose `memory.max` lets all of "
+          "the ODP MR's 64 MiB, half or a quarter stay resident, a zram swap device behind it "
+          "(`scripts/guest/bench-beyond-memory.py`): every 1 MiB chunk RDMA-written, then read "
+          "back and compared. Medians over the runs; ratios against all resident.", "",
+          "![beyond memory](plots/beyond-memory.png)", "",
+          "| resident | runs | WRITE MiB/s | ratio | READ MiB/s | ratio | pages swapped out | "
+          "swapped in | wrong chunks |",
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for k in fr:
+        m = med[k]
+        md.append(f"| 1/{k} | {len(runs[k])} | {m[0]:.1f} | {m[0] / base[0]:.2f} | {m[1]:.1f} | "
+                  f"{m[1] / base[1]:.2f} | {m[2]:.0f} | {m[3]:.0f} | "
+                  f"{sum(x[4] for x in runs[k])} |")
+    return md + [""]
+
+
 def git(*args):
     try:
         return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
@@ -353,6 +408,7 @@ def main():
                       f"{fmt_ns(y1)} | {k:.2f} |")
         md.append("")
     md += pin_forever(d, plots)
+    md += beyond_memory(d, plots)
     md += ["## Raw data", ""] + [f"- [{b}.csv]({b}.csv)" for b in allrows] + [""]
     (d / "report.md").write_text("\n".join(md))
     print(f"report: {d / 'report.md'}: {sum(len(r) for r in allrows.values())} rows, "

@@ -1,9 +1,9 @@
 #!/bin/sh
 # Run every benchmark inside the guest: `odpwatch bench memwatch|odp|cache|ucx`,
 # each writing its markdown table (NAME.md), its rows (NAME.csv) and its
-# progress (NAME.log) into DIR, and the pin-forever workload for each cache
-# policy (pin-forever-POLICY.txt); the host turns them into report.md with
-# plots.
+# progress (NAME.log) into DIR, the pin-forever workload for each cache
+# policy (pin-forever-POLICY.txt) and demand paging beyond memory
+# (beyond-memory.txt); the host turns them into report.md with plots.
 #   run-bench.sh DIR     DIR/args: extra arguments for every benchmark
 #                        (e.g. --quick --reps 3), written by the host
 dir=$1
@@ -38,4 +38,11 @@ for p in pin-forever memwatch explicit-odp implicit-odp; do
 		say "pin-forever: $p FAILED (exit $st): $(tail -n 1 "$dir/pin-forever-$p.txt")"
 	fi
 done
+# Demand paging beyond memory: the ODP transfer rate as the resident
+# fraction shrinks (1, 1/2, 1/4), three runs each.
+say "beyond memory: running"
+if ! python3 /odpwatch/scripts/guest/bench-beyond-memory.py 3 >"$dir/beyond-memory.txt" 2>&1; then
+	rc=1
+	say "beyond memory: FAILED: $(tail -n 1 "$dir/beyond-memory.txt")"
+fi
 exit $rc
