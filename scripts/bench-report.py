@@ -110,7 +110,9 @@ def table(rows, allrows):
 def plot_group(name, rows, allrows, plots, tag):
     """A ratio plot: lines over the work size when the group varies it,
     bars otherwise. Returns the PNG's path relative to the report."""
-    measured = [r for r in rows if r["reps"] and baseline_of(allrows, r)]
+    # A baseline that took no time (a count of 0 events, say) has no ratios.
+    measured = [r for r in rows
+                if r["reps"] and baseline_of(allrows, r) and baseline_of(allrows, r)["median_ns"] > 0]
     if not measured:
         return None
     params = OrderedDict((r["param"], amount(r["param"])) for r in measured)

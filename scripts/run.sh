@@ -21,7 +21,7 @@ rm -f "$OUT/.over-budget"
 # deadline (TIMEOUT) is the hard limit; these are the early warning.
 declare -A budget=([host]=300 [materialise]=240 [kernel-std]=900 [kernel-debug]=1000
 	[series]=300 [lint]=120 [i386]=240 [rootfs]=300 [rdma-core]=360 [userspace]=300 [libfabric]=600
-	[guest-check-std]=720 [guest-check-debug]=1200 [cluster]=600 [middleware]=900)
+	[guest-check-std]=720 [guest-check-debug]=1700 [cluster]=600 [middleware]=900)
 budgeted() { STAGE_BUDGET=${budget[$1]:-} stage "${@:2}"; }
 # A stage on the two-guest cluster, in $OUT/$dir/SUB: node 0 runs CMD0, node 1 CMD1.
 #   two_guests BUDGET-KEY DESCRIPTION SUB CMD0 CMD1
