@@ -111,7 +111,7 @@ def test_memwatch_stats_lists_this_process():
     (["demo", "--fast"], 2, "odpwatch demo: takes no arguments (got --fast)"),
     (["mr-counters", "x"], 2, "odpwatch mr-counters: takes no arguments (got x)"),
     (["memwatch-stats", "x"], 2, "odpwatch memwatch-stats: takes no arguments (got x)"),
-    (["bench"], 2, "odpwatch bench: say what to measure: memwatch, odp, cache, ucx or wire"),
+    (["bench"], 2, "odpwatch bench: say what to measure: memwatch, odp, cache, ucx, wire or mpi"),
     (["bench", "nosuch"], 2, "odpwatch bench: say what to measure"),
     (["bench", "cache", "--reps", "0"], 2,
      "odpwatch bench cache: --reps wants a number from 1 to 10000, not '0'"),
@@ -129,6 +129,8 @@ def test_memwatch_stats_lists_this_process():
     (["bench", "memwatch", "--serve"], 2, "odpwatch bench memwatch: bad argument --serve"),
     (["bench", "wire"], 2, "odpwatch bench wire: give --peer ADDR (node 0) or --serve (node 1)"),
     (["bench", "wire", "--serve", "--peer", "x"], 2, "give --peer ADDR (node 0) or --serve"),
+    (["bench", "mpi"], 2, "odpwatch bench mpi: give --peer ADDR (node 0 of the cluster)"),
+    (["bench", "mpi", "--serve"], 2, "odpwatch bench mpi: bad argument --serve"),
 ])
 def test_bad_input_gets_its_exact_error(args, rc, err):
     """Every command and option, misused: a clear message on stderr, the

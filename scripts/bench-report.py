@@ -30,6 +30,8 @@ BENCHES = OrderedDict(
         ("ucx", "Single copy within a node: UCX's shared memory, cma and rc_verbs over rxe"),
         ("wire", "perftest between two kernels on a wire (two guests, rxe on each)"),
         ("ucx-wire", "UCX between two kernels on a wire: put, get and tag latency, pinned against ODP"),
+        ("mpi", "MPI between two kernels on a wire: NetPIPE's NPmpi over Open MPI and UCX, pinned "
+                "against ODP"),
     ]
 )
 UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
@@ -163,6 +165,36 @@ def plot_group(name, rows, allrows, plots, tag):
     ax.grid(True, which="both", alpha=0.25)
     fig.tight_layout()
     path = plots / f"{tag}-{slug(name)}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def bandwidth_plot(name, rows, plots, tag):
+    """For a group of bandwidth rows (ns per MB) over three or more sizes:
+    the curve itself, MB/s against the message size, one line per variant
+    (the medians; the band is min to max). Returns the PNG's path or None."""
+    if "ns per MB" not in name:
+        return None
+    pts = [(amount(r["param"]), r) for r in rows if r["reps"] and r["median_ns"] > 0]
+    if len({x for x, _ in pts}) < 3 or any(x is None for x, _ in pts):
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    for v in OrderedDict((r["variant"], 1) for _, r in pts):
+        line = sorted((x, r) for x, r in pts if r["variant"] == v)
+        xs = [x for x, _ in line]
+        ax.plot(xs, [1e9 / r["median_ns"] for _, r in line], marker="o", label=v)
+        ax.fill_between(xs, [1e9 / r["max_ns"] for _, r in line],
+                        [1e9 / r["min_ns"] for _, r in line], alpha=0.15)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("MB/s (median; band: min–max)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(name, fontsize=8)
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = plots / f"{tag}-{slug(name)}-bandwidth.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -395,6 +427,9 @@ def main():
             png = plot_group(name, g, rows, plots, b)
             if png:
                 md += [f"![{name}](plots/{png.name})", ""]
+            bw = bandwidth_plot(name, g, plots, b)
+            if bw:
+                md += [f"![{name}: bandwidth](plots/{bw.name})", ""]
             md += [table(g, rows), ""]
             gr = growth(name, g)
             if len(OrderedDict((r["param"], 1) for r in g)) >= 3:

@@ -21,7 +21,8 @@ rm -f "$OUT/.over-budget"
 # deadline (TIMEOUT) is the hard limit; these are the early warning.
 declare -A budget=([host]=300 [materialise]=240 [kernel-std]=900 [kernel-debug]=1000
 	[series]=300 [lint]=120 [i386]=240 [rootfs]=300 [rdma-core]=360 [userspace]=300 [libfabric]=600
-	[guest-check-std]=720 [guest-check-debug]=1700 [cluster]=600 [middleware]=900)
+	[guest-check-std]=720 [guest-check-debug]=1700 [cluster]=600 [middleware]=900
+	[bench-wire]=2400)
 budgeted() { STAGE_BUDGET=${budget[$1]:-} stage "${@:2}"; }
 # A stage on the two-guest cluster, in $OUT/$dir/SUB: node 0 runs CMD0, node 1 CMD1.
 #   two_guests BUDGET-KEY DESCRIPTION SUB CMD0 CMD1
@@ -114,14 +115,18 @@ if [ "$job" = check ] && [ "$variant" = std ]; then
 fi
 if [ "$job" = bench ]; then
 	# perftest, then UCX, across the wire: node 0 measures, node 1 serves
-	# the same runs.
+	# the same runs; then NetPIPE over Open MPI, launched from node 0 (node
+	# 1 keeps its sshd up until node 0 is done).
 	b=/out/guest/bin/odpwatch
-	two_guests cluster "bench: perftest and UCX across two guests on a wire" cluster \
+	two_guests bench-wire "bench: perftest, UCX and MPI across two guests on a wire" cluster \
 		"$b bench wire --peer \$ODPWATCH_PEER $args --csv /out/$dir/wire.csv >/out/$dir/wire.md 2>/out/$dir/wire.log; w=\$?
 		$b bench ucx --peer \$ODPWATCH_PEER $args --csv /out/$dir/ucx-wire.csv >/out/$dir/ucx-wire.md 2>/out/$dir/ucx-wire.log; u=\$?
-		[ \$w = 0 ] && [ \$u = 0 ]" \
+		$b bench mpi --peer \$ODPWATCH_PEER $args --csv /out/$dir/mpi.csv >/out/$dir/mpi.md 2>/out/$dir/mpi.log; m=\$?
+		touch /out/$dir/mpi.done
+		[ \$w = 0 ] && [ \$u = 0 ] && [ \$m = 0 ]" \
 		"$b bench wire --serve $args 2>/out/$dir/wire-serve.log; w=\$?
 		$b bench ucx --serve $args 2>/out/$dir/ucx-wire-serve.log; u=\$?
+		/odpwatch/scripts/guest/wait-for-file.sh /out/$dir/mpi.done
 		[ \$w = 0 ] && [ \$u = 0 ]" || rc=1
 fi
 case $job in

@@ -28,8 +28,15 @@ int cache_bench(const Options &o);
 // rc_verbs over rxe (pinned, ODP); or across the two-guest wire, node 0
 // measuring against @peer, node 1 serving (@serve) the same schedule.
 int ucx_bench(const Options &o, const std::string &peer = "", bool serve = false);
+// Open MPI's NetPIPE (NPmpi) across the two-guest wire, from node 0 to
+// @peer, pml ucx over rc_verbs, pinned against ODP registrations.
+int mpi_bench(const Options &o, const std::string &peer);
 // perftest across the two-guest wire: node 0 measures against @peer, node 1
 // serves (@serve) the same schedule of runs.
 int wire_bench(const Options &o, const std::string &peer, bool serve);
+
+// One of the device's ODP counters (rxe's hw_counters, e.g.
+// "odp_page_faults"), or -1.
+long odp_counter(const std::string &dev, const char *name);
 
 } // namespace odpwatch::bench

@@ -29,15 +29,6 @@ constexpr unsigned kOdp = IBV_ACCESS_ON_DEMAND;
 constexpr unsigned kRemote =
 	IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
-std::string size_name(size_t n)
-{
-	if (n >= (1UL << 30))
-		return std::to_string(n >> 30) + " GiB";
-	if (n >= (1UL << 20))
-		return std::to_string(n >> 20) + " MiB";
-	return std::to_string(n >> 10) + " KiB";
-}
-
 void touch(const verbs::Mapping &m)
 {
 	std::memset(m.data(), 0x5a, m.size());

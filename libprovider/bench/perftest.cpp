@@ -4,8 +4,6 @@
 #include "spawn.hpp"
 #include "verbs.hpp"
 
-#include <sys/wait.h>
-
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -16,19 +14,11 @@ namespace odpwatch::bench
 namespace
 {
 
-struct Exit {
-	std::string out;
-	bool ok;
-};
-
 Exit run(std::vector<std::string> argv)
 {
 	int fd = -1;
 	pid_t pid = spawn(std::move(argv), &fd, true);
-	std::string out = read_all(fd);
-	int st = 0;
-	waitpid(pid, &st, 0);
-	return {out, WIFEXITED(st) && !WEXITSTATUS(st)};
+	return wait_for(pid, fd);
 }
 
 // The numbers of the result line, which follows the "#bytes" header.
@@ -66,11 +56,9 @@ std::string perftest_run(const std::string &tool, const std::vector<std::string>
 		std::this_thread::sleep_for(std::chrono::seconds(1));
 		argv.push_back("127.0.0.1");
 		Exit client = run(argv);
-		std::string sout = read_all(sfd);
-		int sst = 0;
-		waitpid(server, &sst, 0);
-		if (!client.ok || !WIFEXITED(sst) || WEXITSTATUS(sst))
-			throw verbs::Error(tool + " failed; its output:\n" + client.out + sout,
+		Exit s = wait_for(server, sfd);
+		if (!client.ok || !s.ok)
+			throw verbs::Error(tool + " failed; its output:\n" + client.out + s.out,
 					   EIO);
 		return client.out;
 	}

@@ -13,6 +13,14 @@
 namespace odpwatch::bench
 {
 
+std::string size_name(size_t n)
+{
+	for (auto [shift, unit] : {std::pair{30, " GiB"}, {20, " MiB"}, {10, " KiB"}})
+		if (n && !(n & ((size_t(1) << shift) - 1)))
+			return std::to_string(n >> shift) + unit;
+	return std::to_string(n) + " B";
+}
+
 Spread spread_of(std::vector<double> v)
 {
 	Spread s;

@@ -23,6 +23,10 @@ struct Spread {
 
 Spread spread_of(std::vector<double> ns_per_op);
 
+// A size as rows name it: "4 KiB", "1 MiB", or "1536 B" (the largest unit
+// that divides it).
+std::string size_name(size_t bytes);
+
 // Like measure() below, for bodies compared with each other: after one
 // untimed run of each, every rep runs each body once, in an order that
 // rotates from rep to rep, so a drift in the machine's speed during the run

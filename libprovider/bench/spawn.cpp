@@ -4,6 +4,7 @@
 #include "verbs.hpp"
 
 #include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -48,6 +49,14 @@ std::string read_all(int fd)
 		s.append(buf, size_t(n));
 	close(fd);
 	return s;
+}
+
+Exit wait_for(pid_t pid, int fd)
+{
+	std::string out = read_all(fd);
+	int st = 0;
+	waitpid(pid, &st, 0);
+	return {out, WIFEXITED(st) && !WEXITSTATUS(st)};
 }
 
 } // namespace odpwatch::bench

@@ -19,4 +19,14 @@ pid_t spawn(std::vector<std::string> argv, int *out_fd, bool with_stderr);
 // Everything the descriptor gives until end of file; closes it.
 std::string read_all(int fd);
 
+// What a spawned program printed, and whether it exited with status 0.
+struct Exit {
+	std::string out;
+	bool ok;
+};
+
+// Reads the output of @pid (spawned with *out_fd = @fd) to its end and
+// reaps it.
+Exit wait_for(pid_t pid, int fd);
+
 } // namespace odpwatch::bench

@@ -11,8 +11,6 @@
 #include "spawn.hpp"
 #include "verbs.hpp"
 
-#include <sys/wait.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -62,25 +60,6 @@ std::vector<Transport> transports(const std::string &dev)
 		 "the same with UCX registering on-demand-paging MRs "
 		 "(UCX_REG_NONBLOCK_MEM_TYPES=host)"},
 	};
-}
-
-std::string size_name(size_t n)
-{
-	return n >= (1U << 20) ? std::to_string(n >> 20) + " MiB"
-			       : std::to_string(n >> 10) + " KiB";
-}
-
-struct Exit {
-	std::string out;
-	bool ok;
-};
-
-Exit wait_for(pid_t pid, int fd)
-{
-	std::string out = read_all(fd);
-	int st = 0;
-	waitpid(pid, &st, 0);
-	return {out, WIFEXITED(st) && !WEXITSTATUS(st)};
 }
 
 // A client run, started again while its server is not listening yet
@@ -197,21 +176,6 @@ unsigned lat_iters(size_t size, bool quick)
 	return unsigned(std::clamp<size_t>(total / size, 20, quick ? 500 : 2000));
 }
 
-// The device's ODP page-fault counter (rxe's hw_counters), or -1.
-long odp_page_faults(const std::string &dev)
-{
-	FILE *f = std::fopen(
-		("/sys/class/infiniband/" + dev + "/ports/1/hw_counters/odp_page_faults").c_str(),
-		"r");
-	long n = -1;
-	if (f) {
-		if (std::fscanf(f, "%ld", &n) != 1)
-			n = -1;
-		std::fclose(f);
-	}
-	return n;
-}
-
 // Across the two-guest wire: UCX's one-sided put and get and its tag
 // latency between node 0 and node 1, rc_verbs pinned against ODP. Node 1
 // serves every run of the same schedule, one ucx_perftest server each, on
@@ -265,7 +229,7 @@ int ucx_wire_bench(const Options &o, const std::string &dev, const std::string &
 		a.insert(a.end(), {peer, "-t", r.test, "-s", std::to_string(r.size), "-n",
 				   std::to_string(lat ? lat_iters(r.size, o.quick)
 						      : bw_iters(r.size, o.quick))});
-		const long f0 = odp_page_faults(dev);
+		const long f0 = odp_counter(dev, "odp_page_faults");
 		// The other node may still be ending its last run: two minutes.
 		Exit c = run_client(a, 240);
 		if (!c.ok)
@@ -279,7 +243,7 @@ int ucx_wire_bench(const Options &o, const std::string &dev, const std::string &
 		if (k == cells.end())
 			k = cells.insert(cells.end(), Cell{r, {}, 0});
 		k->ns.push_back(ns);
-		k->faults += odp_page_faults(dev) - f0;
+		k->faults += odp_counter(dev, "odp_page_faults") - f0;
 		std::fprintf(stderr, "ucx wire: run %zu/%zu: %s %s%s\n", i + 1, runs.size(), r.test,
 			     size_name(r.size).c_str(), r.odp ? " ODP" : "");
 	}
@@ -306,6 +270,19 @@ int ucx_wire_bench(const Options &o, const std::string &dev, const std::string &
 }
 
 } // namespace
+
+long odp_counter(const std::string &dev, const char *name)
+{
+	FILE *f = std::fopen(
+		("/sys/class/infiniband/" + dev + "/ports/1/hw_counters/" + name).c_str(), "r");
+	long n = -1;
+	if (f) {
+		if (std::fscanf(f, "%ld", &n) != 1)
+			n = -1;
+		std::fclose(f);
+	}
+	return n;
+}
 
 int ucx_bench(const Options &o, const std::string &peer, bool serve)
 {

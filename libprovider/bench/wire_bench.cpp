@@ -26,12 +26,6 @@ struct Run {
 	bool odp;
 };
 
-std::string size_name(unsigned n)
-{
-	return n >= (1U << 20) ? std::to_string(n >> 20) + " MiB"
-			       : std::to_string(n >> 10) + " KiB";
-}
-
 bool latency(const Run &r)
 {
 	return r.tool.ends_with("_lat");

@@ -34,8 +34,15 @@ void usage(FILE *f)
 		"         ODP against pinned memory: registration, bandwidth\n"
 		"  bench cache [--quick] [--reps N] [--csv FILE] [--only SECTION]\n"
 		"         the registration cache's policies: hits, misses, reuse\n"
+		"  bench ucx [--peer ADDR | --serve] [--quick] [--reps N] [--csv FILE] [--only "
+		"SECTION]\n"
+		"         ucx_perftest within this node (shared memory, cma, rxe), or\n"
+		"         across the cluster's wire (node 0: --peer, node 1: --serve)\n"
 		"  bench wire --peer ADDR | --serve [--quick] [--reps N] [--csv FILE]\n"
-		"         perftest across the cluster's wire (node 0: --peer, node 1: --serve)\n");
+		"         perftest across the cluster's wire (node 0: --peer, node 1: --serve)\n"
+		"  bench mpi --peer ADDR [--quick] [--reps N] [--csv FILE]\n"
+		"         NetPIPE's NPmpi from node 0 to ADDR: Open MPI over UCX, pinned and "
+		"ODP\n");
 }
 
 int caps(const cli::Options &opt)
@@ -72,15 +79,15 @@ bool csv_writable(const std::string &path)
 	return true;
 }
 
-// odpwatch bench memwatch|odp|cache|ucx|wire [--quick] [--reps N] [--csv FILE]
-//	[--only SECTION] [--no-uffd] [--peer ADDR | --serve] (wire, ucx)
+// odpwatch bench memwatch|odp|cache|ucx|wire|mpi [--quick] [--reps N] [--csv FILE]
+//	[--only SECTION] [--no-uffd] [--peer ADDR | --serve] (wire, ucx; mpi: --peer)
 int run_bench(const cli::Options &opt, int argc, char **argv)
 {
 	std::string_view what = argc >= 1 ? argv[0] : "";
 	if (what != "memwatch" && what != "odp" && what != "cache" && what != "ucx" &&
-	    what != "wire") {
+	    what != "wire" && what != "mpi") {
 		std::fprintf(stderr, "odpwatch bench: say what to measure: memwatch, odp, cache, "
-				     "ucx or wire\n");
+				     "ucx, wire or mpi\n");
 		return 2;
 	}
 	bool quick = false, uffd = true, serve = false;
@@ -94,7 +101,8 @@ int run_bench(const cli::Options &opt, int argc, char **argv)
 			uffd = false;
 		} else if (a == "--serve" && (what == "wire" || what == "ucx")) {
 			serve = true;
-		} else if (a == "--peer" && (what == "wire" || what == "ucx") && i + 1 < argc) {
+		} else if (a == "--peer" && (what == "wire" || what == "ucx" || what == "mpi") &&
+			   i + 1 < argc) {
 			peer = argv[++i];
 		} else if (a == "--reps" && i + 1 < argc) {
 			if (!parse_reps(argv[++i], reps)) {
@@ -128,6 +136,14 @@ int run_bench(const cli::Options &opt, int argc, char **argv)
 			return 2;
 		}
 		return bench::wire_bench(o, peer, serve);
+	}
+	if (what == "mpi") {
+		if (peer.empty()) {
+			std::fprintf(stderr, "odpwatch bench mpi: give --peer ADDR (node 0 of the "
+					     "cluster)\n");
+			return 2;
+		}
+		return bench::mpi_bench(o, peer);
 	}
 	if (what == "odp")
 		return bench::odp_bench(o);
