@@ -104,9 +104,10 @@ private:
 
 const char *hit_note(int policy)
 {
-	return policy == ODPWATCH_CACHE_PINNED	       ? "map lookup + memwatch load"
-	       : policy == ODPWATCH_CACHE_EXPLICIT_ODP ? "map lookup"
-						       : "one MR per PD";
+	return policy == ODPWATCH_CACHE_PINNED
+		       ? "per-thread index of recent hits, no lock; + memwatch load"
+	       : policy == ODPWATCH_CACHE_EXPLICIT_ODP ? "per-thread index of recent hits, no lock"
+						       : "one MR per PD, per-thread index, no lock";
 }
 
 // Miss: a buffer the cache has not seen, registered on get.

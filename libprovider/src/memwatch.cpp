@@ -24,15 +24,12 @@ static_assert(__NR_memwatch_create == ODPWATCH_NR_MEMWATCH_CREATE,
 namespace odpwatch
 {
 
-uint64_t fork_generation() noexcept
+std::atomic<uint64_t> fork_count{0};
+
+// At load, before any cache or monitor reads the count.
+[[gnu::constructor]] static void count_forks()
 {
-	static std::atomic<uint64_t> generation{0};
-	static const bool registered = [] {
-		pthread_atfork(nullptr, nullptr, [] { generation++; });
-		return true;
-	}();
-	(void)registered;
-	return generation.load(std::memory_order_relaxed);
+	pthread_atfork(nullptr, nullptr, [] { fork_count++; });
 }
 
 bool Memwatch::supported()

@@ -4,6 +4,7 @@
 
 #include <linux/memwatch.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -11,10 +12,15 @@
 namespace odpwatch
 {
 
-// Bumped in every child of fork() (pthread_atfork, registered on the first
-// call): a memwatch descriptor, like a verbs context, made at one value
-// belongs to another process's address space at any other.
-uint64_t fork_generation() noexcept;
+// Bumped in every child of fork() (pthread_atfork, registered when the
+// library loads): a memwatch descriptor, like a verbs context, made at one
+// value belongs to another process's address space at any other. Inline:
+// the cache checks it on every get and put.
+extern std::atomic<uint64_t> fork_count;
+inline uint64_t fork_generation() noexcept
+{
+	return fork_count.load(std::memory_order_relaxed);
+}
 
 class Memwatch
 {

@@ -1,10 +1,14 @@
 // SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
 // The registration cache, and its C ABI (odpwatch/regcache.h).
 //
-// Hits take the lock shared: a map lookup, for pinned entries one load of
-// the memwatch word, an atomic reference. Misses, invalidation and eviction
-// take it exclusive; registration runs outside it, deregistration on the
-// cache's reaper thread.
+// A hit of a range this thread got before takes no lock: a slot of the
+// thread's index of recent hits, an atomic reference, for pinned entries one
+// load of the memwatch word; other hits take the lock shared for a map
+// lookup. A put takes no lock. Misses, invalidation and eviction take it
+// exclusive; registration runs outside it, deregistration on the cache's
+// reaper thread. Entries' memory is never freed while the cache lives (see
+// shelve()), which is what lets the lock-free paths read an entry that may
+// just have left.
 //
 // Overlapping gets of one pd and access merge, as in UCX's ucs_rcache: the
 // new registration covers their union and replaces the entries it overlaps,
@@ -17,6 +21,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <limits>
 #include <mutex>
@@ -30,6 +35,12 @@ namespace
 {
 constexpr uint32_t entry_magic = 0x6f647063; // "odpc"
 constexpr uintptr_t no_end = std::numeric_limits<uintptr_t>::max();
+// The references of an entry on its way out of the cache, or of a shell:
+// no new reference can be taken (see RegCache::recall()).
+constexpr uint32_t no_refs = std::numeric_limits<uint32_t>::max();
+// Tells caches apart in the per-thread index, also one made where a
+// destroyed one was.
+std::atomic<uint64_t> cache_ids{0};
 
 RegCache::Limits resolve_limits(RegCache::Limits l)
 {
@@ -60,12 +71,16 @@ Policy for_access(Policy pd_policy, unsigned access)
 } // namespace
 
 struct RegCache::Entry {
-	uint32_t magic = entry_magic;
+	std::atomic<uint32_t> magic{entry_magic}; // 0 while a shell
+	Entry *next_shell = nullptr;
 	Key key;
 	Policy policy;
 	verbs::Mr mr;
 	std::optional<Memwatch::Watch> watch;
 	std::atomic<uint32_t> refs{0};
+	// Counts the lives of this memory: a per-thread index entry holding an
+	// older count names an entry that is gone.
+	std::atomic<uint64_t> incarnation{0};
 	std::atomic<bool> used{false};	  // hit since eviction last looked
 	std::atomic<bool> retired{false}; // out of the map, freed at the last put
 	std::list<Entry *>::iterator lru_pos;
@@ -74,7 +89,8 @@ struct RegCache::Entry {
 };
 
 RegCache::RegCache(Policy policy, Limits limits)
-    : policy_(policy), limits_(resolve_limits(limits)), fork_generation_(fork_generation())
+    : policy_(policy), limits_(resolve_limits(limits)), fork_generation_(fork_generation()),
+      id_(++cache_ids)
 {
 }
 
@@ -91,6 +107,10 @@ RegCache::~RegCache()
 		destroy(std::move(e));
 	for (auto &[p, e] : retired_)
 		destroy(std::move(e));
+	while (Entry *e = shells_) {
+		shells_ = e->next_shell;
+		delete e;
+	}
 }
 
 ibv_mr *RegCache::mr(const Entry *e) noexcept
@@ -100,7 +120,7 @@ ibv_mr *RegCache::mr(const Entry *e) noexcept
 
 bool RegCache::is_entry(const Entry *e) noexcept
 {
-	return e && e->magic == entry_magic;
+	return e && e->magic.load(std::memory_order_relaxed) == entry_magic;
 }
 
 bool RegCache::fresh(const Entry *e) const noexcept
@@ -194,27 +214,33 @@ Policy RegCache::policy_of(ibv_pd *pd)
 // so a change racing with the registration shows as a stale watch.
 std::unique_ptr<RegCache::Entry> RegCache::make_entry(const Key &k, Policy policy)
 {
-	auto e = std::make_unique<Entry>();
+	std::unique_ptr<Entry> e(take_shell());
 	e->key = k;
 	e->policy = policy;
 	const size_t len = k.end - k.start;
 	auto *addr = reinterpret_cast<void *>(k.start);
-	switch (policy) {
-	case Policy::ImplicitOdp:
-		e->mr = verbs::reg_mr(k.pd, nullptr, SIZE_MAX, k.access | IBV_ACCESS_ON_DEMAND);
-		break;
-	case Policy::ExplicitOdp:
-		e->mr = verbs::reg_mr(k.pd, addr, len, k.access | IBV_ACCESS_ON_DEMAND);
-		break;
-	default:
-		e->watch = mw_->add(addr, len, reinterpret_cast<uintptr_t>(e.get()));
-		try {
-			e->mr = verbs::reg_mr(k.pd, addr, len, k.access);
-		} catch (...) {
-			mw_->remove(e->watch->id);
-			throw;
+	try {
+		switch (policy) {
+		case Policy::ImplicitOdp:
+			e->mr = verbs::reg_mr(k.pd, nullptr, SIZE_MAX,
+					      k.access | IBV_ACCESS_ON_DEMAND);
+			break;
+		case Policy::ExplicitOdp:
+			e->mr = verbs::reg_mr(k.pd, addr, len, k.access | IBV_ACCESS_ON_DEMAND);
+			break;
+		default:
+			e->watch = mw_->add(addr, len, reinterpret_cast<uintptr_t>(e.get()));
+			try {
+				e->mr = verbs::reg_mr(k.pd, addr, len, k.access);
+			} catch (...) {
+				mw_->remove(e->watch->id);
+				throw;
+			}
+			break;
 		}
-		break;
+	} catch (...) {
+		shelve(std::move(e));
+		throw;
 	}
 	registrations_++;
 	return e;
@@ -271,9 +297,39 @@ void RegCache::destroy(std::unique_ptr<Entry> e) noexcept
 			// Only a process that is not the memwatch's owner gets here.
 		}
 	}
-	e->magic = 0;
 	e->mr.reset();
 	deregistrations_++;
+	shelve(std::move(e));
+}
+
+// Keeps e's memory as a shell for a later entry: a pointer to it that a
+// thread still holds (its index, a put racing an eviction, a second put)
+// keeps pointing to an Entry, whose incarnation tells it apart.
+void RegCache::shelve(std::unique_ptr<Entry> e) noexcept
+{
+	e->magic = 0;
+	e->watch.reset();
+	e->incarnation++;
+	std::lock_guard lock(shells_mu_);
+	e->next_shell = shells_;
+	shells_ = e.release();
+}
+
+// An entry to fill: a shell of one destroyed before, else a new one.
+RegCache::Entry *RegCache::take_shell()
+{
+	{
+		std::lock_guard lock(shells_mu_);
+		if (Entry *e = shells_) {
+			shells_ = e->next_shell;
+			e->refs = no_refs; // until insert(): see recall()
+			e->used = false;
+			e->retired = false;
+			e->magic = entry_magic;
+			return e;
+		}
+	}
+	return new Entry;
 }
 
 void RegCache::reap(std::vector<std::unique_ptr<Entry>> &dead) noexcept
@@ -331,12 +387,14 @@ void RegCache::invalidate(Entry *e, Graveyard &dead)
 	bytes_ -= e->bytes();
 	if (e->watch)
 		by_watch_.erase(e->watch->id);
-	if (e->refs.load() == 0) {
+	// Marked before refs is read: a put() that takes refs to 0 after this
+	// read sees the mark and frees the entry (put() takes no lock).
+	e->retired = true;
+	uint32_t unused = 0;
+	if (e->refs.compare_exchange_strong(unused, no_refs))
 		dead.add(std::move(owned));
-	} else {
-		e->retired = true;
+	else
 		retired_.emplace(e, std::move(owned));
-	}
 }
 
 // Drop unused entries, least recently used first, until within the limits
@@ -376,7 +434,7 @@ bool RegCache::drop_if_stale(Entry *e, Graveyard &dead)
 // A hit: a reference and a use, under either lock.
 RegCache::Entry *RegCache::take(Entry *e)
 {
-	e->refs++;
+	e->refs++;				      // an entry in the map never has no_refs
 	if (!e->used.load(std::memory_order_relaxed)) // no store on a hot entry
 		e->used.store(true, std::memory_order_relaxed);
 	hits_++;
@@ -410,24 +468,96 @@ size_t RegCache::process_events()
 	return process_events_locked(dead);
 }
 
+// This thread's index of its recent hits: the entry that served a get of
+// (pd, access) at an address, by a hash of the address's page. It saves the
+// lock and the map walk of a hit; every use checks the entry is still that
+// one (its incarnation), still cached and still fresh, after it took its
+// reference, so a stale index slot costs a slow lookup, never a wrong answer.
+struct RegCache::Recent {
+	uint64_t cache = 0; // id_ of the cache; 0: empty
+	ibv_pd *pd = nullptr;
+	unsigned access = 0;
+	uintptr_t start = 0, end = 0; // the entry's range
+	Entry *e = nullptr;
+	uint64_t incarnation = 0;
+};
+
+RegCache::Recent &RegCache::recent(uintptr_t a)
+{
+	// Page number modulo a prime: buffers a power of two apart, as
+	// allocators place them, never share a slot (a multiplicative hash
+	// put 64 buffers 4 MiB apart in 29 slots).
+	// A pointer in the static TLS block (initial-exec: no call to find
+	// it), to slots made at a thread's first get and freed at its exit.
+	struct Slots {
+		std::array<Recent, 127> slot;
+	};
+	[[gnu::tls_model("initial-exec")]] static thread_local Slots *slots = nullptr;
+	if (!slots) [[unlikely]] {
+		static thread_local std::unique_ptr<Slots> owner;
+		owner = std::make_unique<Slots>();
+		slots = owner.get();
+	}
+	return slots->slot[(a >> 12) % slots->slot.size()];
+}
+
+void RegCache::remember(Entry *e, ibv_pd *pd, uintptr_t a, unsigned access)
+{
+	recent(a) = Recent{id_, pd, access, e->key.start, e->key.end, e, e->incarnation.load()};
+}
+
+// A hit from the index, with a reference taken; nullptr to look it up.
+// Lock-free against the cache's exclusive sections: a reference can only be
+// taken while refs is not no_refs, which an entry gets before it leaves the
+// cache unreferenced and keeps until insert() sets 1 in its next life (after
+// its incarnation changed); a reference taken on an entry that left, or on
+// the next life of its memory, is seen by the checks after and given back.
+RegCache::Entry *RegCache::recall(ibv_pd *pd, uintptr_t a, uintptr_t end, unsigned access)
+{
+	Recent &r = recent(a);
+	if (r.cache != id_ || r.pd != pd || r.access != access || a < r.start || end > r.end)
+		return nullptr;
+	Entry *e = r.e;
+	uint32_t refs = e->refs.load();
+	do {
+		if (refs == no_refs)
+			return nullptr;
+	} while (!e->refs.compare_exchange_weak(refs, refs + 1));
+	if (e->incarnation.load() != r.incarnation || e->retired.load() || !fresh(e)) {
+		put(e);
+		r.cache = 0;
+		return nullptr;
+	}
+	if (!e->used.load(std::memory_order_relaxed))
+		e->used.store(true, std::memory_order_relaxed);
+	hits_++;
+	return e;
+}
+
 RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigned access)
 {
-	const uintptr_t a = reinterpret_cast<uintptr_t>(addr), page = page_size();
+	const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
 	if (!pd || !len || a + len < a)
 		throw verbs::Error("odpwatch_cache_get", EINVAL);
+	// The hit path: this thread's index of its recent hits, without a
+	// lock; else one shared section for the PD's policy and the entry.
+	if (Entry *e = recall(pd, a, a + len, access))
+		return e;
+	const uintptr_t page = page_size();
 	auto key_for = [&](Policy p) {
 		if (p == Policy::ImplicitOdp)
 			return Key{pd, access, 0, no_end};
 		return Key{pd, access, a & ~(page - 1), (a + len + page - 1) & ~(page - 1)};
 	};
 
-	// The hit path: one shared section for the PD's policy and the entry.
 	{
 		std::shared_lock lock(mu_);
 		if (auto it = pd_policy_.find(pd); it != pd_policy_.end())
 			if (Entry *e = lookup(key_for(for_access(it->second, access)));
-			    e && fresh(e))
+			    e && fresh(e)) {
+				remember(e, pd, a, access);
 				return take(e);
+			}
 	}
 	const Policy policy = for_access(resolve(pd), access);
 	const Key k = key_for(policy);
@@ -441,73 +571,84 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 	// Cleared when the union cannot be registered (a neighbour's pages went
 	// away meanwhile): then k alone replaces what it overlaps (a purge).
 	bool merge = true;
-	for (;;) {
-		{
-			std::unique_lock lock(mu_);
-			process_events_locked(dead);
-			Entry *e = lookup(k);
-			if (e && drop_if_stale(e, dead))
-				e = nullptr;
-			if (e) {
-				if (fresh_entry)
-					dead.add(std::move(fresh_entry));
-				return take(e); // another thread registered it meanwhile
-			}
-			auto over = overlapping(want, dead);
-			Key u = want;
-			if (merge)
-				for (Entry *o : over) {
-					u.start = std::min(u.start, o->key.start);
-					u.end = std::max(u.end, o->key.end);
+	try {
+		for (;;) {
+			{
+				std::unique_lock lock(mu_);
+				process_events_locked(dead);
+				Entry *e = lookup(k);
+				if (e && drop_if_stale(e, dead))
+					e = nullptr;
+				if (e) {
+					if (fresh_entry)
+						dead.add(std::move(fresh_entry));
+					return take(e); // another thread registered it meanwhile
 				}
-			if (fresh_entry && u == fresh_entry->key && fresh(fresh_entry.get())) {
-				for (Entry *o : over) {
-					invalidate(o, dead); // the new entry covers it
-					merged_++;
+				auto over = overlapping(want, dead);
+				Key u = want;
+				if (merge)
+					for (Entry *o : over) {
+						u.start = std::min(u.start, o->key.start);
+						u.end = std::max(u.end, o->key.end);
+					}
+				if (fresh_entry && u == fresh_entry->key &&
+				    fresh(fresh_entry.get())) {
+					for (Entry *o : over) {
+						invalidate(o, dead); // the new entry covers it
+						merged_++;
+					}
+					Entry *result = fresh_entry.get();
+					insert(std::move(fresh_entry));
+					misses_++;
+					evict(dead);
+					remember(result, pd, a, access);
+					return result;
 				}
-				Entry *result = fresh_entry.get();
-				insert(std::move(fresh_entry));
-				misses_++;
-				evict(dead);
-				return result;
+				if (policy == Policy::Pinned && !mw_)
+					mw_ = std::make_unique<Memwatch>();
+				want = u;
 			}
-			if (policy == Policy::Pinned && !mw_)
-				mw_ = std::make_unique<Memwatch>();
-			want = u;
+			if (fresh_entry)
+				dead.add(std::move(fresh_entry));
+			try {
+				fresh_entry = register_range(want, policy, dead);
+			} catch (const verbs::Error &) {
+				if (want == k)
+					throw;
+				merge = false;
+				want = k;
+			}
 		}
+	} catch (...) {
+		// A registration not cached yet goes as any other: its memory stays
+		// a shell (see shelve()).
 		if (fresh_entry)
 			dead.add(std::move(fresh_entry));
-		try {
-			fresh_entry = register_range(want, policy, dead);
-		} catch (const verbs::Error &) {
-			if (want == k)
-				throw;
-			merge = false;
-			want = k;
-		}
+		throw;
 	}
 }
 
-// The shared lock keeps e alive while its flags are read: only exclusive
-// sections destroy entries. The exclusive lock is taken only when the last
-// reference goes from a stale entry, or while the cache is over its limits.
+// No lock: e's memory stays an Entry while the cache lives (destroyed
+// entries become shells for later ones), so its flags can be read even if it
+// was evicted right after the decrement; at worst a recycled entry's flags
+// send this put to the exclusive section for nothing. That section is taken
+// only when the last reference goes from a stale entry, or while the cache
+// is over its limits.
 bool RegCache::put(Entry *e)
 {
-	{
-		std::shared_lock lock(mu_);
-		uint32_t refs = e->refs.load();
-		do {
-			if (refs == 0)
-				return false;
-		} while (!e->refs.compare_exchange_weak(refs, refs - 1));
-		if (refs != 1 || !(e->retired.load() || over_limit_.load()))
-			return true;
-	}
+	uint32_t refs = e->refs.load();
+	do {
+		if (refs == 0 || refs == no_refs)
+			return false;
+	} while (!e->refs.compare_exchange_weak(refs, refs - 1));
+	if (refs != 1 || !(e->retired.load() || over_limit_.load()))
+		return true;
 
 	Graveyard dead(*this);
 	std::unique_lock lock(mu_);
 	if (auto it = retired_.find(e); it != retired_.end()) {
-		if (e->refs.load() == 0) {
+		uint32_t unused = 0;
+		if (e->refs.compare_exchange_strong(unused, no_refs)) {
 			dead.add(std::move(it->second));
 			retired_.erase(it);
 		}

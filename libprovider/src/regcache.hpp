@@ -104,9 +104,16 @@ private:
 	void invalidate(Entry *e, Graveyard &dead);
 	bool drop_if_stale(Entry *e, Graveyard &dead);
 	Entry *take(Entry *e);
+	struct Recent;
+	static Recent &recent(uintptr_t a);
+	void remember(Entry *e, ibv_pd *pd, uintptr_t a, unsigned access);
+	Entry *recall(ibv_pd *pd, uintptr_t a, uintptr_t end, unsigned access);
 	void evict(Graveyard &dead);
 	size_t process_events_locked(Graveyard &dead);
+	// Deregisters e and keeps its memory as a shell for a later entry.
 	void destroy(std::unique_ptr<Entry> e) noexcept;
+	void shelve(std::unique_ptr<Entry> e) noexcept;
+	Entry *take_shell();
 	// Deregistration waits for the kernel (about 11 ms per MR on rxe under
 	// TCG, whatever its size): a thread does it off the callers' path.
 	void reap(std::vector<std::unique_ptr<Entry>> &dead) noexcept;
@@ -115,6 +122,7 @@ private:
 	const Policy policy_;
 	const Limits limits_;
 	const uint64_t fork_generation_;
+	const uint64_t id_; // in the per-thread index
 	mutable std::shared_mutex mu_;
 	std::map<Key, std::unique_ptr<Entry>> entries_;
 	// Every cached entry, oldest use first; a hit only sets the entry's
@@ -131,6 +139,12 @@ private:
 	std::deque<std::unique_ptr<Entry>> reap_q_;
 	size_t reaping_ = 0;  // taken off the queue, not yet destroyed
 	std::jthread reaper_; // started with the first dropped registration
+
+	// Destroyed entries' memory, freed with the cache: an Entry pointer a
+	// caller still holds (a put racing an eviction, a second put) always
+	// points to an Entry.
+	std::mutex shells_mu_;
+	Entry *shells_ = nullptr;
 
 	std::atomic<bool> over_limit_{false};
 	std::atomic<uint64_t> hits_{0}, misses_{0}, invalidations_{0}, evictions_{0};

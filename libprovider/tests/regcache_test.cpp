@@ -884,6 +884,30 @@ void churn()
 			  [](std::byte b) { return b == std::byte('z'); }));
 }
 
+// Each thread keeps an index of its recent hits, which outlives the caches
+// it names: a cache made after another was destroyed (often at the same
+// address, as the allocator hands it out again) must not take the old one's
+// entries from it. Each cache registers the buffer once, then hits.
+void new_cache_at_the_same_address()
+{
+	Peer p;
+	auto buf = filled(slot_address(60), 'q');
+	const odpwatch_cache *first = nullptr;
+	int same = 0;
+	for (int round = 0; round < 3; round++) {
+		Cache c(ODPWATCH_CACHE_PINNED);
+		if (!round)
+			first = c.c;
+		same += c.c == first;
+		p.send(c.c, buf);
+		p.send(c.c, buf);
+		auto s = c.stats();
+		CHECK(s.misses == 1 && s.hits == 1 && s.registrations == 1);
+		CHECK(p.received('q'));
+	}
+	std::printf("# %d of 3 caches at the first one's address\n", same);
+}
+
 void bad_input()
 {
 	odpwatch_cache *c = nullptr;
@@ -942,6 +966,7 @@ const std::map<std::string, std::function<void()>> cases = {
 	{"default-limits", default_limits},
 	{"eviction-order", eviction_order},
 	{"churn", churn},
+	{"new-cache-at-the-same-address", new_cache_at_the_same_address},
 	{"more-ways-to-free-pinned", [] { more_ways_to_free(ODPWATCH_CACHE_PINNED); }},
 	{"more-ways-to-free-explicit-odp", [] { more_ways_to_free(ODPWATCH_CACHE_EXPLICIT_ODP); }},
 	{"more-ways-to-free-implicit-odp", [] { more_ways_to_free(ODPWATCH_CACHE_IMPLICIT_ODP); }},
