@@ -599,21 +599,22 @@ static const struct vm_operations_struct memwatch_vm_ops = {
 	.fault = memwatch_fault,
 };
 
-static int memwatch_mmap(struct file *file, struct vm_area_struct *vma)
+static int memwatch_mmap_prepare(struct vm_area_desc *desc)
 {
-	struct memwatch_ctx *ctx = file->private_data;
+	struct memwatch_ctx *ctx = desc->file->private_data;
 	unsigned long pages = 1 + MEMWATCH_MAX_SLOTS / MEMWATCH_SLOTS_PER_PAGE;
 
-	if (memwatch_check_mm(ctx, false))
+	if (desc->mm != ctx->mm)
 		return -EPERM;
-	if (vma->vm_flags & VM_WRITE)
+	if (vma_desc_test_any(desc, VMA_WRITE_BIT))
 		return -EACCES;	/* as the VFS answers for MAP_SHARED */
-	if (vma->vm_pgoff || vma_pages(vma) > pages)
+	if (desc->pgoff || vma_desc_pages(desc) > pages)
 		return -EINVAL;
 	/* Not inherited by fork: the child's mm is not the watched one. */
-	vm_flags_mod(vma, VM_DONTEXPAND | VM_DONTDUMP | VM_DONTCOPY,
-		     VM_MAYWRITE);
-	vma->vm_ops = &memwatch_vm_ops;
+	vma_desc_set_flags(desc, VMA_DONTEXPAND_BIT, VMA_DONTDUMP_BIT,
+			   VMA_DONTCOPY_BIT);
+	vma_desc_clear_flags(desc, VMA_MAYWRITE_BIT);
+	desc->vm_ops = &memwatch_vm_ops;
 	return 0;
 }
 
@@ -672,7 +673,7 @@ static const struct file_operations memwatch_fops = {
 	.poll = memwatch_poll,
 	.unlocked_ioctl = memwatch_ioctl,
 	.compat_ioctl = compat_ptr_ioctl,
-	.mmap = memwatch_mmap,
+	.mmap_prepare = memwatch_mmap_prepare,
 	.llseek = noop_llseek,
 #ifdef CONFIG_PROC_FS
 	.show_fdinfo = memwatch_show_fdinfo,
