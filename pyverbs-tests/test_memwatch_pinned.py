@@ -7,6 +7,7 @@ sees at that address (the same pages), and an unpinned buffer beside it,
 treated alike, shows what the event does to pages that can move."""
 import ctypes
 import os
+import time
 
 import pyverbs.enums as e
 from pyverbs.memwatch import MemWatch
@@ -181,3 +182,64 @@ def test_split_of_a_pinned_huge_page(ctx, pd):
     finally:
         mr.close()
         munmap(raw, 2 * HUGE)
+
+
+KSM = "/sys/kernel/mm/ksm/"
+MADV_MERGEABLE = 12
+
+
+def ksm_knob(name, value=None):
+    with open(KSM + name, "r+" if value is not None else "r") as f:
+        old = f.read().strip()
+        if value is not None:
+            f.write(str(value))
+    return old
+
+
+def test_ksm_over_pinned_pages(ctx, pd):
+    """KSM scanning mergeable memory: two equal pages a pinned MR holds
+    are never merged (the MR still writes what the process reads), yet
+    KSM's attempt changes their watch, pass after pass: the false positive
+    memwatch.rst measures as a re-registration storm. Two equal unpinned
+    pages beside them are merged (CLEAR too): they are the process's only
+    merged pages."""
+    n = 2 * PAGE
+    pinned_buf, loose_buf = mmap_anon(n), mmap_anon(n)
+    fill(pinned_buf, n, 7)
+    fill(loose_buf, n, 7)
+    madvise(pinned_buf, n, MADV_MERGEABLE)
+    madvise(loose_buf, n, MADV_MERGEABLE)
+    mr = MR(pd, n, REMOTE, address=pinned_buf)
+    saved = {k: ksm_knob(k) for k in ("run", "sleep_millisecs", "pages_to_scan")}
+    try:
+        with MemWatch(nonblock=True) as mw:
+            pinned, loose = mw.add(pinned_buf, n, cookie=1), mw.add(loose_buf, n, cookie=2)
+            ksm_knob("sleep_millisecs", 10)
+            ksm_knob("pages_to_scan", 1000)
+            scans = int(ksm_knob("full_scans"))
+            ksm_knob("run", 1)
+            deadline = time.monotonic() + 120
+            while int(ksm_knob("full_scans")) < scans + 3 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            done = int(ksm_knob("full_scans")) - scans
+            ksm_knob("run", 0)
+            events = {ev.cookie for ev in mw.read_events()}
+            with open("/proc/self/ksm_merging_pages") as f:
+                merged = int(f.read())
+            print(f"{done} full KSM scans; {merged} of this process's pages merged; valid: "
+                  f"pinned {pinned.is_valid()}, unpinned {loose.is_valid()}; "
+                  f"records {sorted(events)}")
+            assert done >= 3, f"KSM made {done} full scans in 120 s"
+            assert not loose.is_valid() and 2 in events and merged == 2, "not the 2 unpinned merged"
+            write_lands(ctx, pd, mr, pinned_buf, n, 9)
+            assert ctypes.string_at(loose_buf, n) == bytes([7]) * n
+            assert not pinned.is_valid() and 1 in events, \
+                "KSM's failed merge of the pinned pages left their watch alone"
+    finally:
+        ksm_knob("run", 0)
+        for k in ("sleep_millisecs", "pages_to_scan"):
+            ksm_knob(k, saved[k])
+        ksm_knob("run", saved["run"])
+        mr.close()
+        munmap(pinned_buf, n)
+        munmap(loose_buf, n)
