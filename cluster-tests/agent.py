@@ -13,10 +13,10 @@ import threading
 import traceback
 
 from pyverbs.device import Context
-from pyverbs.memwatch import MemWatch
 from pyverbs.pd import PD
 
 import verbs
+from odpwatch_memwatch import MemWatch  # noqa: E402 (rxe_env puts it on the path)
 
 
 class Agent:

@@ -4,7 +4,13 @@ without pytest: anonymous memory through libc, byte comparison, and the
 device's RoCE v2 GID."""
 import ctypes
 import os
+import pathlib
 import subprocess
+import sys
+
+# libodpwatch's Python bindings (libprovider/python/), for both test trees.
+os.environ.setdefault("ODPWATCH_LIB", "/out/guest/lib/libodpwatch.so.0")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "libprovider" / "python"))
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mmap.restype = ctypes.c_void_p

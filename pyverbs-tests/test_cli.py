@@ -70,7 +70,7 @@ def test_mr_counters_unknown_device():
 
 
 def test_memwatch_stats_lists_this_process():
-    from pyverbs.memwatch import MemWatch
+    from odpwatch_memwatch import MemWatch
     a, b = mmap_anon(2 * 4096), mmap_anon(4096)
     try:
         with MemWatch(nonblock=True) as mw:

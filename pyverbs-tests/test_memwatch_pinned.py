@@ -10,10 +10,10 @@ import os
 import time
 
 import pyverbs.enums as e
-from pyverbs.memwatch import MemWatch
 from pyverbs.mr import MR
 
 from conftest import LoopbackQP, assert_bytes, libc, madvise, mmap_anon, munmap
+from odpwatch_memwatch import MemWatch
 
 PAGE = 4096
 HUGE = 2 << 20

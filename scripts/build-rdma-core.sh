@@ -34,7 +34,8 @@ log "rdma-core: $RDMA_CORE_VERSION + ${#patches[@]} patches, building in the chr
 # pages are not built: that needs pandoc and rst2man (Debian's tarball has no
 # prebuilt copies); make lint checks ours with groff on the host.
 run() { "$TOP/scripts/in-chroot.sh" "$rootfs" -- "$@"; }
-run_with_progress "rdma-core: build" "$OUT/rdma-core/build.log" ninja_step run sh -c 'set -e
+build() {
+	run_with_progress "rdma-core: build" "$OUT/rdma-core/build.log" ninja_step run sh -c 'set -e
 	cmake -S /out/rdma-core/src -B /out/rdma-core/build -GNinja -Wno-dev \
 		-DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/usr \
 		-DCMAKE_INSTALL_LIBDIR=lib/x86_64-linux-gnu \
@@ -47,8 +48,17 @@ run_with_progress "rdma-core: build" "$OUT/rdma-core/build.log" ninja_step run s
 		-DCMAKE_INSTALL_PYTHON_ARCH_LIB=/usr/lib/python3/dist-packages >/dev/null
 	ninja -C /out/rdma-core/build -j'"$(nproc)"'
 	rm -rf /out/rdma-core/root
-	DESTDIR=/out/rdma-core/root ninja -C /out/rdma-core/build install >/dev/null' ||
-	{ tail -30 "$OUT/rdma-core/build.log" >&2; die "rdma-core build failed; log: $OUT/rdma-core/build.log"; }
+	DESTDIR=/out/rdma-core/root ninja -C /out/rdma-core/build install >/dev/null'
+}
+# An incremental build can fail where a series change removed a file that
+# generated sources still include (pyverbs' Cython output): then once more
+# from an empty build directory.
+if ! build; then
+	tail -5 "$OUT/rdma-core/build.log" >&2
+	log "rdma-core: the incremental build failed; building again from scratch"
+	rm -rf "$build"
+	build || { tail -30 "$OUT/rdma-core/build.log" >&2; die "rdma-core build failed; log: $OUT/rdma-core/build.log"; }
+fi
 log "rdma-core: built ($(grep -c '^\[' "$OUT/rdma-core/build.log") build steps), installed into $dest"
 
 # A hard-linked copy of the base rootfs; rsync replaces a file by renaming a

@@ -81,14 +81,6 @@ if git -C "$rc_src" -c user.name=lint -c user.email=lint@localhost am -q "$TOP"/
 		log "lint: groff warns about the rdma-core series' man pages above"
 		rc=1
 	fi
-	# Its copy of our uAPI header (kernel-headers/) must be ours, byte for byte.
-	if cmp -s "$rc_src/kernel-headers/linux/memwatch.h" "$TOP/include/uapi/linux/memwatch.h"; then
-		log "lint: the rdma-core series' linux/memwatch.h is the kernel's"
-	else
-		diff -u "$rc_src/kernel-headers/linux/memwatch.h" "$TOP/include/uapi/linux/memwatch.h" | head -20 >&2
-		log "lint: the rdma-core series carries a stale linux/memwatch.h (update its patch 0002)"
-		rc=1
-	fi
 else
 	log "lint: the rdma-core series does not apply to rdma-core $RDMA_CORE_VERSION"
 	rc=1

@@ -60,6 +60,8 @@ public:
 	}
 	void clear_overflow();
 	int fd() const noexcept { return fd_; }
+	// The generation word of watch @id, in the shared state area.
+	const uint64_t *word(uint32_t id) const noexcept { return &words_[id]; }
 
 private:
 	int fd_ = -1;

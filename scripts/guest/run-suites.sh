@@ -15,7 +15,7 @@ RDMA_DEV=${RDMA_DEV:-rxe0}
 # pyverbs on vanilla 7.3 after CQ errors): ours (our series over Debian's
 # 56.1) with the modules the series adds, then Debian's own packages
 # (/stock, chrooted) on the same kernel, for the regression comparison.
-RDMA_CORE_MODULES=${RDMA_CORE_MODULES:-test_odp test_mr test_qp test_cq test_memwatch test_shared_pd}
+RDMA_CORE_MODULES=${RDMA_CORE_MODULES:-test_odp test_mr test_qp test_cq test_shared_pd}
 RDMA_CORE_STOCK_MODULES=${RDMA_CORE_STOCK_MODULES:-test_odp test_mr test_qp test_cq}
 
 # memwatch_scale adds 1M watches; on the debug kernel (KASAN, lockdep under
