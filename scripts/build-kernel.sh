@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
 # Build the materialised kernel: configure from our fragments (only when they
 # change), build bzImage and the uAPI headers with ccache.
-#   build-kernel.sh SRC BUILD VARIANT     VARIANT: std or debug
+#   build-kernel.sh SRC BUILD VARIANT [DIR/]
+# VARIANT: std, debug, or vanilla (a tree without our series: std's options
+# but memwatch's). With DIR/ only the objects of that directory are built
+# (check-series compiles each step of a series so).
 . "$(dirname "$0")/lib.sh"
 
-src=$1 build=$2 variant=$3
+src=$1 build=$2 variant=$3 only=${4:-}
 frags=("$TOP/configs/kernel.config")
-[ "$variant" = debug ] && frags+=("$TOP/configs/debug.config")
+case $variant in
+std) ;;
+debug) frags+=("$TOP/configs/debug.config") ;;
+vanilla) frags=("$build/vanilla.config") ;;
+*) die "build-kernel.sh: unknown variant $variant" ;;
+esac
 # A build cut off by a shutdown can leave truncated objects newer than their
 # sources, which make takes as done; such a tree is built again from scratch.
 building=$build/.odpwatch-building
@@ -15,6 +23,10 @@ if [ -f "$building" ]; then
 	remove_tree "$build"
 fi
 mkdir -p "$build"
+if [ "$variant" = vanilla ]; then
+	grep -v '^CONFIG_MEMWATCH=' "$TOP/configs/kernel.config" |
+		sed 's/^CONFIG_LOCALVERSION=.*/CONFIG_LOCALVERSION="-vanilla"/' >"$build/vanilla.config"
+fi
 
 export CCACHE_DIR=${CCACHE_DIR:-$CACHE/ccache}
 # Paths relative to the tree's parent, so trees laid out alike share hits.
@@ -42,6 +54,16 @@ if [ "$(cat "$build/.odpwatch-config-key" 2>/dev/null)" != "$want" ] || [ ! -f "
 	bad=$(for o in $bad; do case $o in CONFIG_LOCALVERSION=*) ;; *) echo "$o" ;; esac; done)
 	[ -z "$bad" ] || die "config options that did not take (missing dependency?): $(echo $bad)"
 	echo "$want" >"$build/.odpwatch-config-key"
+fi
+
+if [ -n "$only" ]; then
+	touch "$building"
+	kmake "$only" >"$build/build-only.log" 2>&1 || {
+		tail -n 25 "$build/build-only.log" >&2
+		die "kernel: building $only failed in $build"
+	}
+	rm -f "$building"
+	exit 0
 fi
 
 # A full build compiles a few thousand objects: progress is counted against

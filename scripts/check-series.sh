@@ -1,21 +1,44 @@
 #!/usr/bin/env bash
-# Check the exported series the way a reviewer would use it: git am onto a
-# fresh base tree, compare the result with the materialised tree, build it.
+# Check the exported series the way their maintainers would use them: each
+# applies with git am to a fresh base tree (or on top of the series it names),
+# all of them in order yield the materialised tree, which builds. The rdma
+# fixes series is built on the vanilla base step by step: the base itself
+# (its kernel kept for the fix_* tests), each fix's rxe objects, and the
+# kernel with all the fixes, kept too. run.sh boots both kernels.
 . "$(dirname "$0")/lib.sh"
 
 export ODPWATCH_SERIES_CHECK=1
 stage "export series" "$TOP/scripts/export-series.sh"
 tree=$(cat "$OUT/.tree" 2>/dev/null || "$TOP/scripts/materialise.sh")
-# Laid out like the main tree (src/ and build-std/ side by side) so ccache hits.
+# Laid out like the main tree (src/ and build-*/ side by side) so ccache hits.
 root=$(dirname "$tree")/series-check
 mkdir -p "$root"
-scratch_at_base "$tree" "$root/src" review
 g() { git -C "$root/src" -c user.name=reviewer -c user.email=reviewer@localhost "$@"; }
-for p in "$OUT"/series/0*.patch; do
-	case $p in *0000-cover-letter.patch) continue ;; esac
-	g am -q "$p" || die "the exported series does not apply with git am: $(basename "$p")"
+series_list=$(awk '$1 == "series" { print $2 }' "$TOP/kernel-patches/series")
+base_of() { awk -v name="$1" '$1 == "series" && $2 == name { for (i = 3; i < NF; i++) if ($i == "on") print $(i + 1) }' "$TOP/kernel-patches/series"; }
+# am_series NAME [EACH]: git am series NAME's exported patches; EACH, if
+# given, is run after every patch with the patch's path.
+am_series() {
+	local p
+	for p in "$OUT/series/$1"/0*.patch; do
+		case $p in *0000-cover-letter.patch) continue ;; esac
+		g am -q "$p" || die "series $1 does not apply with git am: $(basename "$p")"
+		[ -z "${2:-}" ] || "$2" "$p"
+	done
+}
+
+# Each series alone, on the base it names.
+for name in $series_list; do
+	scratch_at_base "$tree" "$root/src" "review-$name"
+	on=$(base_of "$name")
+	[ -z "$on" ] || am_series "$on"
+	am_series "$name"
+	log "series: $name applies with git am to ${on:+the $on series on }the base"
 done
-# The tree the series produces must be exactly the tree we build and test.
+
+# All of them: the tree we build and test, exactly.
+scratch_at_base "$tree" "$root/src" review
+for name in $series_list; do am_series "$name"; done
 # (A copy of the tree's index, so git add only hashes what changed.)
 index=$(mktemp)
 cp "$tree/.git/index" "$index"
@@ -26,5 +49,26 @@ if [ "$want" != "$have" ]; then
 	g diff --stat "$have" "$want" >&2 || true
 	die "the series' tree differs from the materialised tree"
 fi
-log "series: applies to the base with git am and yields the tested tree ($have)"
+log "series: $(echo $series_list) in order yield the tested tree ($have)"
 stage "build the series' tree" "$TOP/scripts/build-kernel.sh" "$root/src" "$root/build-std" std >/dev/null
+
+# The fixes series on the vanilla base, in a tree of its own (kept between
+# runs, so only what a fix touches is compiled again).
+fixes=$OUT/rdma-fixes
+rm -rf "$fixes" && mkdir -p "$fixes"
+vroot=$(dirname "$tree")/fixes-check
+mkdir -p "$vroot"
+g() { git -C "$vroot/src" -c user.name=reviewer -c user.email=reviewer@localhost "$@"; }
+scratch_at_base "$tree" "$vroot/src" vanilla
+stage "build the vanilla base" "$TOP/scripts/build-kernel.sh" "$vroot/src" "$vroot/build" vanilla >"$fixes/.bzimage"
+cp "$(cat "$fixes/.bzimage")" "$fixes/vanilla.bzImage"
+compile_rxe() {
+	"$TOP/scripts/build-kernel.sh" "$vroot/src" "$vroot/build" vanilla drivers/infiniband/sw/rxe/ ||
+		die "the rxe objects do not build after $(basename "$1")"
+	log "series: rdma-fixes: rxe builds after $(basename "$1")"
+}
+am_series rdma-fixes compile_rxe
+stage "build the vanilla base with the fixes" "$TOP/scripts/build-kernel.sh" "$vroot/src" "$vroot/build" vanilla >"$fixes/.bzimage"
+cp "$(cat "$fixes/.bzimage")" "$fixes/fixes.bzImage"
+rm -f "$fixes/.bzimage"
+log "series: kernels for the fix_* tests: $fixes/vanilla.bzImage, $fixes/fixes.bzImage"

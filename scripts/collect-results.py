@@ -229,7 +229,8 @@ def compare_with_stock(ours, stock):
     return tests
 
 
-SUITES = ("selftests", "pyverbs-tests", "rdma-core", "rdma-core-vs-stock", "cluster", "middleware")
+SUITES = ("selftests", "pyverbs-tests", "rdma-core", "rdma-core-vs-stock", "cluster", "middleware",
+          "rdma-fixes")
 
 
 def parse_cluster(d, name="cluster"):
@@ -243,6 +244,33 @@ def parse_cluster(d, name="cluster"):
     st = status.read_text().strip() if status.exists() else "none"
     if st != "0":
         tests.append(failed(f"{name}: node1", f"node 1 finished with status {st}"))
+    return tests
+
+
+def parse_fixes(d):
+    """The fix_* kselftests booted on the vanilla base and on the base with
+    the rdma fixes series (DIR/rdma-fixes/{vanilla,fixes}/fix.tap): each must
+    pass with the fixes and fail on vanilla, else it reproduces nothing."""
+    runs = {}
+    for kind in ("vanilla", "fixes"):
+        tap = d / kind / "fix.tap"
+        if not tap.exists():
+            return [failed(f"rdma-fixes: {kind}", f"no {tap}: the {kind} kernel did not run the tests")]
+        # A skip proves nothing either way: it counts as neither pass nor fail.
+        runs[kind] = {name: "skip" if skip else res for res, name, skip in
+                      re.findall(r"^(ok|not ok) \d+ \S+?\.(fix_\w+)( # SKIP)?", tap.read_text(errors="replace"),
+                                 re.M)}
+    tests = []
+    for name, res in sorted(runs["fixes"].items()):
+        tests.append({"name": f"with the fixes: {name}", "outcome": "passed" if res == "ok" else "failed",
+                      **({} if res == "ok" else {"reason": "fails with the fixes applied"})})
+    for name, res in sorted(runs["vanilla"].items()):
+        tests.append({"name": f"on vanilla: {name} fails", "outcome": "passed" if res == "not ok" else "failed",
+                      **({} if res == "not ok" else
+                         {"reason": "passes on vanilla: it reproduces nothing" if res == "ok"
+                          else "skipped on vanilla"})})
+    if not runs["fixes"] or not runs["vanilla"]:
+        tests.append(failed("rdma-fixes: runs", "a kernel reported no fix_* test"))
     return tests
 
 
@@ -262,7 +290,9 @@ def main():
     console = (d / "console.log").read_text(errors="replace").replace("\r", "") \
         if (d / "console.log").exists() else ""
     # The two-guest suites' consoles are scanned for splats too.
-    for c in sorted(d.glob("cluster/node*/console.log")) + sorted(d.glob("middleware/node*/console.log")):
+    # So is the kernel with the rdma fixes (not vanilla's: its bugs may splat).
+    for c in sorted(d.glob("cluster/node*/console.log")) + sorted(d.glob("middleware/node*/console.log")) + \
+            sorted(d.glob("rdma-fixes/fixes/console.log")):
         console += "\n" + c.read_text(errors="replace").replace("\r", "")
     m = re.search(r"odpwatch: kernel ([^\s,]+)", console)
     results["kernel"] = m[1] if m else None
@@ -271,7 +301,8 @@ def main():
               "pyverbs-tests": parse_junit(d / "pyverbs-tests.xml", d / "pyverbs-tests.status"),
               "rdma-core": parse_modules(d, "rdma-core"),
               "cluster": parse_cluster(d / "cluster"),
-              "middleware": parse_cluster(d / "middleware", "middleware")}
+              "middleware": parse_cluster(d / "middleware", "middleware"),
+              "rdma-fixes": parse_fixes(d / "rdma-fixes")}
     stock = parse_modules(d, "rdma-core-stock")
     # A stock module that did not run is a failure of the comparison.
     suites["rdma-core-vs-stock"] = compare_with_stock(suites["rdma-core"] or [], stock or []) + \

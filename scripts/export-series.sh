@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Export the whole kernel change as a git format-patch series with a cover
-# letter into $OUT/series, in the order of kernel-patches/series: each patch
-# is applied with git am, each "add" entry commits our own files from the repo.
+# Export the kernel change as the git format-patch series kernel-patches/series
+# names, each with its cover letter, into $OUT/series/NAME/: each patch is
+# applied with git am, each "add" entry commits our own files from the repo.
 # The userspace series go beside it, each checked to apply to its base with
 # git am: $OUT/series/rdma-core/ (libprovider/rdma-core/, Debian's rdma-core)
 # and $OUT/series/libfabric/ (libprovider/libfabric/, libfabric's source).
@@ -33,9 +33,22 @@ sign() {
 	sed -i -E "s/^(From|Signed-off-by): $placeholder\$/\\1: ${who//\//\\/}/" "$@"
 }
 
+# fill_cover DIR TEXT WHERE: DIR's 0000-cover-letter.patch gets TEXT's first
+# line as subject, the rest and the line WHERE as its body.
+fill_cover() {
+	python3 - "$1/0000-cover-letter.patch" "$2" "$3" <<'PY'
+import sys
+path, body_file, where = sys.argv[1:]
+subject, body = open(body_file).read().split("\n", 1)
+text = open(path).read()
+text = text.replace("*** SUBJECT HERE ***", subject)
+text = text.replace("*** BLURB HERE ***", body.strip("\n") + "\n\n" + where)
+open(path, "w").write(text)
+PY
+}
+
 tree=$("$TOP/scripts/materialise.sh")
 work=$CACHE/series-export
-scratch_at_base "$tree" "$work" series
 g() { git -C "$work" -c user.name="odpwatch developers" -c user.email=odpwatch@localhost "$@"; }
 
 # Map a repo path to its tree path with the Kbuild overlay list.
@@ -48,23 +61,67 @@ tree_path() {
 	die "$1 is under no overlay directory of Kbuild"
 }
 
+# The entries of series NAME, one per line ("PATCH" or "add DIR MSG").
+entries() {
+	awk -v name="$1" '$1 == "series" { cur = $2; next }
+		/^[ \t]*(#|$)/ { next }
+		cur == name { print }' "$TOP/kernel-patches/series"
+}
+# What series NAME applies on: the base or another series.
+base_of() { awk -v name="$1" '$1 == "series" && $2 == name { for (i = 3; i < NF; i++) if ($i == "on") print $(i + 1) }' "$TOP/kernel-patches/series"; }
+# The subject tag of series NAME ("series NAME TAG ..."): PATCH TAG.
+tag_of() { awk -v name="$1" '$1 == "series" && $2 == name && NF >= 3 && $3 != "on" { print $3 }' "$TOP/kernel-patches/series"; }
+
 covered=$(mktemp)
-while read -r first second third; do
-	case $first in '' | '#'*) continue ;; esac
-	if [ "$first" = add ]; then
-		[ -d "$TOP/$second" ] || die "series: add $second: no such directory"
-		[ -f "$TOP/kernel-patches/messages/$third" ] || die "series: add $second: no message file messages/$third"
-		dst=$(tree_path "$second")
-		mkdir -p "$work/$dst"
-		rsync -r --exclude=.gitkeep "$TOP/$second"/ "$work/$dst"/
-		(cd "$TOP" && find "$second" -type f ! -name .gitkeep) >>"$covered"
-		# -f: Debian's linux-source .gitignore ignores everything at the top level.
-		g add -A -f -- "$dst"
-		g commit -q -s -F "$TOP/kernel-patches/messages/$third" --no-verify
+# apply NAME: commit series NAME's entries onto the scratch tree.
+apply() {
+	local first second third dst
+	while read -r first second third; do
+		if [ "$first" = add ]; then
+			[ -d "$TOP/$second" ] || die "series: add $second: no such directory"
+			[ -f "$TOP/kernel-patches/messages/$third" ] || die "series: add $second: no message file messages/$third"
+			dst=$(tree_path "$second")
+			mkdir -p "$work/$dst"
+			rsync -r --exclude=.gitkeep "$TOP/$second"/ "$work/$dst"/
+			(cd "$TOP" && find "$second" -type f ! -name .gitkeep) >>"$covered"
+			# -f: Debian's linux-source .gitignore ignores everything at the top level.
+			g add -A -f -- "$dst"
+			g commit -q -s -F "$TOP/kernel-patches/messages/$third" --no-verify
+		else
+			[ -f "$TOP/kernel-patches/$first" ] || die "series $1 names $first, which does not exist"
+			g am -q "$TOP/kernel-patches/$first" || die "series $1: patch does not apply: kernel-patches/$first"
+		fi
+	done < <(entries "$1")
+}
+
+names=$(awk '$1 == "series" { print $2 }' "$TOP/kernel-patches/series")
+[ -n "$names" ] || die "kernel-patches/series names no series"
+rm -rf "$OUT/series" && mkdir -p "$OUT/series"
+# Each series from its own base: the vanilla tree, or the series it is on.
+for name in $names; do
+	[ -f "$TOP/kernel-patches/cover-$name.txt" ] || die "series $name: no cover letter kernel-patches/cover-$name.txt"
+	scratch_at_base "$tree" "$work" "series-$name"
+	on=$(base_of "$name")
+	[ -z "$on" ] || apply "$on"
+	from=$(g rev-parse HEAD)
+	apply "$name"
+	prefix=PATCH
+	tag=$(tag_of "$name")
+	[ -z "$tag" ] || prefix="PATCH $tag"
+	# No --base: our import commit's hash is local; the cover letter names the base.
+	g format-patch -q --cover-letter --zero-commit --subject-prefix="$prefix" \
+		-o "$OUT/series/$name" "$from..HEAD"
+	if [ -n "$on" ]; then
+		fill_cover "$OUT/series/$name" "$TOP/kernel-patches/cover-$name.txt" \
+			"Applies on top of the $on series, on Debian's $BASE_PKG $BASE_VERSION."
 	else
-		g am -q "$TOP/kernel-patches/$first" || die "patch does not apply: kernel-patches/$first"
+		fill_cover "$OUT/series/$name" "$TOP/kernel-patches/cover-$name.txt" \
+			"Applies to Debian's $BASE_PKG $BASE_VERSION."
 	fi
-done <"$TOP/kernel-patches/series"
+	sign "$OUT/series/$name"/*.patch
+	log "series: $name: cover letter + $(g rev-list --count "$from..HEAD") patches in $OUT/series/$name${on:+ (on $on)}"
+done
+log "series: signed by $identity"
 
 # Every overlay file must be in the series.
 for e in $overlay; do
@@ -74,32 +131,24 @@ missing=$(comm -23 "$covered.all" <(sort -u "$covered"))
 rm -f "$covered" "$covered.all"
 [ -z "$missing" ] || die "files in no 'add' entry of kernel-patches/series: $(echo $missing)"
 
-rm -rf "$OUT/series" && mkdir -p "$OUT/series"
-# No --base: our import commit's hash is local; the cover letter names the base.
-g format-patch -q --cover-letter --zero-commit -o "$OUT/series" odpwatch-base..series
-# Fill the cover letter from kernel-patches/cover-letter.txt (subject = first line).
-cover=$(ls "$OUT"/series/0000-cover-letter.patch)
-subject=$(head -n 1 "$TOP/kernel-patches/cover-letter.txt")
-python3 - "$cover" "$subject" "$TOP/kernel-patches/cover-letter.txt" <<'PY'
-import sys
-path, subject, body_file = sys.argv[1:]
-body = open(body_file).read().split("\n", 1)[1].strip("\n")
-text = open(path).read()
-text = text.replace("*** SUBJECT HERE ***", subject).replace("*** BLURB HERE ***", body)
-open(path, "w").write(text)
-PY
-sign "$OUT"/series/*.patch
-log "series: signed by $identity"
-log "series: $(ls "$OUT"/series/*.patch | wc -l) files (cover letter + $(g rev-list --count odpwatch-base..series) patches) in $OUT/series"
-
 for project in rdma-core libfabric; do
 	base=$("$TOP/scripts/fetch-$project.sh")
-	scratch_at_base "$base" "$CACHE/series-export-$project" series
-	git -C "$CACHE/series-export-$project" -c user.name=odpwatch -c user.email=odpwatch@localhost \
+	pwork=$CACHE/series-export-$project
+	scratch_at_base "$base" "$pwork" series
+	git -C "$pwork" -c user.name="odpwatch developers" -c user.email=odpwatch@localhost \
 		am -q "$TOP/libprovider/$project"/*.patch ||
 		die "the $project series (libprovider/$project/) does not apply to its base with git am"
-	mkdir -p "$OUT/series/$project"
-	cp "$TOP/libprovider/$project"/*.patch "$OUT/series/$project/"
+	git -C "$pwork" -c user.name="odpwatch developers" -c user.email=odpwatch@localhost \
+		format-patch -q --cover-letter --zero-commit -o "$OUT/series/$project" odpwatch-base..HEAD
+	version=$RDMA_CORE_VERSION
+	[ "$project" = rdma-core ] || version=$LIBFABRIC_VERSION
+	fill_cover "$OUT/series/$project" "$TOP/libprovider/$project/cover-letter.txt" \
+		"Applies to $project $version (Debian's source)."
 	sign "$OUT/series/$project"/*.patch
-	log "series: $project: $(ls "$OUT/series/$project" | wc -l) patches in $OUT/series/$project"
+	log "series: $project: cover letter + $(ls "$TOP/libprovider/$project"/*.patch | wc -l) patches in $OUT/series/$project"
 done
+
+# Every exported patch goes out under the one identity: a stored patch with
+# another author (a header the placeholder did not match) would not.
+others=$(grep -rL -F -x "From: $identity" "$OUT/series" --include='*.patch' || true)
+[ -z "$others" ] || die "exported patches not signed by $identity (their stored author is not the placeholder): $(echo $others)"

@@ -9,8 +9,14 @@ tree=$(cat "$OUT/.tree" 2>/dev/null || "$TOP/scripts/materialise.sh")
 # Always this tree's series (a few seconds): one left by an earlier export
 # would check old code.
 ODPWATCH_SERIES_CHECK=1 "$TOP/scripts/export-series.sh"
-for p in "$OUT"/series/0*.patch; do
-	case $p in *0000-cover-letter.patch) continue ;; esac
+kernel_series=$(awk '$1 == "series" { print $2 }' "$TOP/kernel-patches/series")
+kernel_patches=()
+for name in $kernel_series; do
+	for p in "$OUT/series/$name"/0*.patch; do
+		case $p in *0000-cover-letter.patch) ;; *) kernel_patches+=("$p") ;; esac
+	done
+done
+for p in "${kernel_patches[@]}"; do
 	# Selftests detect a kernel without the system call by its ENOSYS, the
 	# one use of ENOSYS that checkpatch's warning about it allows.
 	# The base is Debian's source imported as one commit: the upstream
@@ -24,7 +30,20 @@ for p in "$OUT"/series/0*.patch; do
 		rc=1
 	fi
 done
-[ $rc = 0 ] && log "lint: checkpatch --strict clean on $(($(ls "$OUT"/series/0*.patch | wc -l) - 1)) patches"
+[ $rc = 0 ] && log "lint: checkpatch --strict clean on ${#kernel_patches[@]} patches ($(echo $kernel_series))"
+# What a maintainer refuses on sight: a fix for the current release without
+# Fixes: and Cc: stable, a new module parameter anywhere.
+for p in "$OUT"/series/rdma-fixes/0*.patch; do
+	case $p in *0000-cover-letter.patch) continue ;; esac
+	grep -q '^Fixes: [0-9a-f]\{12\} ("' "$p" && grep -q '^Cc: stable@vger.kernel.org$' "$p" || {
+		echo "lint: $(basename "$p") of the fixes series lacks Fixes: or Cc: stable" >&2
+		rc=1
+	}
+done
+if grep -l '^+.*\bmodule_param' "${kernel_patches[@]}" >&2; then
+	echo "lint: the patches above add a module parameter" >&2
+	rc=1
+fi
 
 mapfile -t files < <(cd "$TOP" && git ls-files 'libprovider/*.cpp' 'libprovider/*.hpp' 'libprovider/*.c' 'libprovider/*.h' \
 	'middleware/*.cpp' 2>/dev/null)

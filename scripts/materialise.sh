@@ -34,7 +34,7 @@ fi
 series=$TOP/kernel-patches/series
 patches=()
 while read -r p _; do
-	case $p in '' | '#'* | add) continue ;; esac
+	case $p in '' | '#'* | add | series) continue ;; esac
 	[ -f "$TOP/kernel-patches/$p" ] || die "kernel-patches/series names $p, which does not exist"
 	patches+=("$TOP/kernel-patches/$p")
 done <"$series"

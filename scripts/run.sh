@@ -20,8 +20,8 @@ rm -f "$OUT/.over-budget"
 # in README: a stage over its budget says so loudly. The guest run's own
 # deadline (TIMEOUT) is the hard limit; these are the early warning.
 declare -A budget=([host]=300 [materialise]=240 [kernel-std]=900 [kernel-debug]=1000
-	[series]=300 [lint]=120 [i386]=240 [rootfs]=300 [rdma-core]=360 [userspace]=300 [libfabric]=600
-	[guest-check-std]=720 [guest-check-debug]=1700 [cluster]=600 [middleware]=900
+	[series]=900 [lint]=120 [i386]=240 [rootfs]=300 [rdma-core]=360 [userspace]=300 [libfabric]=600
+	[guest-check-std]=720 [guest-check-debug]=1700 [cluster]=600 [middleware]=900 [rdma-fixes]=240
 	[bench-wire]=2400)
 budgeted() { STAGE_BUDGET=${budget[$1]:-} stage "${@:2}"; }
 # A stage on the two-guest cluster, in $OUT/$dir/SUB: node 0 runs CMD0, node 1 CMD1.
@@ -73,7 +73,7 @@ if [ "$job" = check ]; then
 	case $variant in
 	debug) suites="selftests pyverbs-tests"
 		pyverbs="test_harness.py test_rxe_odp.py test_rxe_qp_events.py test_fault_injection.py test_teardown.py test_stress.py test_limits.py" ;;
-	*) suites="selftests pyverbs-tests rdma-core rdma-core-vs-stock cluster middleware" pyverbs="" ;;
+	*) suites="selftests pyverbs-tests rdma-core rdma-core-vs-stock cluster middleware rdma-fixes" pyverbs="" ;;
 	esac
 	printf 'SUITES="%s"\nPYVERBS_TESTS="%s"\n' "$suites" "$pyverbs" >"$OUT/$dir/plan"
 fi
@@ -104,6 +104,16 @@ else
 fi
 [ $vmrc = 0 ] || rc=$vmrc
 if [ "$job" = check ] && [ "$variant" = std ]; then
+	# The rdma fixes series' tests on the vanilla base and on the base with
+	# the fixes (kernels built by check-series.sh): they must fail on one
+	# and pass on the other.
+	for kind in vanilla fixes; do
+		mkdir -p "$OUT/$dir/rdma-fixes/$kind"
+		printf '%s\n' "/odpwatch/scripts/guest/run-fix-tests.sh $kind /out/$dir/rdma-fixes/$kind" \
+			>"$OUT/$dir/rdma-fixes/$kind/cmd.sh"
+		budgeted rdma-fixes "rdma fixes: the fix_* tests on the $kind kernel" env TIMEOUT=300 \
+			"$TOP/scripts/run-vm.sh" vm "$dir/rdma-fixes/$kind" "$OUT/rdma-fixes/$kind.bzImage" "$rootfs" || true
+	done
 	# The cluster suite: node 0 runs the tests, node 1 the responder agent.
 	two_guests cluster "cluster suite: two guests on a wire" cluster \
 		"/odpwatch/scripts/guest/run-cluster-suite.sh /out/$dir/cluster/node0" \

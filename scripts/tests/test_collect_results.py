@@ -130,6 +130,23 @@ class Parsers(unittest.TestCase):
         tests = cr.parse_unittest(self.write("x.log", "test_a (m.C.test_a) ... ok\nSegmentation fault\n"))
         self.assertEqual([t["outcome"] for t in tests], ["passed", "failed"])
 
+    def test_fixes(self):
+        """A fix_* test must fail on vanilla and pass with the fixes; one
+        that passes on vanilla reproduces nothing, a skip proves nothing."""
+        def run(vanilla, fixes):
+            for kind, tap in (("vanilla", vanilla), ("fixes", fixes)):
+                self.write(f"fx/{kind}/fix.tap", tap)
+            return outcomes(cr.parse_fixes(Path(self.dir.name) / "fx"))
+        (Path(self.dir.name) / "fx/vanilla").mkdir(parents=True)
+        (Path(self.dir.name) / "fx/fixes").mkdir(parents=True)
+        self.assertEqual(run("not ok 1 odp.fix_a\n", "ok 1 odp.fix_a\n"),
+                         {"on vanilla: fix_a fails": "passed", "with the fixes: fix_a": "passed"})
+        self.assertEqual(run("ok 1 odp.fix_a\n", "not ok 1 odp.fix_a\n"),
+                         {"on vanilla: fix_a fails": "failed", "with the fixes: fix_a": "failed"})
+        self.assertEqual(run("ok 1 odp.fix_a # SKIP x\n", "ok 1 odp.fix_a # SKIP x\n"),
+                         {"on vanilla: fix_a fails": "failed", "with the fixes: fix_a": "failed"})
+        self.assertIn("rdma-fixes: runs", run("", "ok 1 odp.fix_a\n"))
+
     def test_junit(self):
         got = outcomes(cr.parse_junit(self.write("p.xml", JUNIT)))
         self.assertEqual(got, {"test_harness.test_ok": "passed", "test_harness.test_bad": "failed",
@@ -155,6 +172,10 @@ class Parsers(unittest.TestCase):
             (d / "cluster/node1/status").unlink(missing_ok=True)
         else:
             self.write("cluster/node1/status", agent_status)
+        # The fix_* tests: failing on vanilla, passing with the fixes.
+        for kind, res in (("vanilla", "not ok"), ("fixes", "ok")):
+            (d / f"rdma-fixes/{kind}").mkdir(parents=True, exist_ok=True)
+            self.write(f"rdma-fixes/{kind}/fix.tap", f"TAP version 13\n1..1\n{res} 1 odp.fix_a\n")
         self.write("selftests.ktap", "1..1\n# selftests: a: b\n# ok 1 t\nok 1 selftests: a: b\n")
         self.write("pyverbs-tests.xml", JUNIT.replace("<failure", "<skipped").replace("</failure>", "</skipped>"))
         self.write("pyverbs-tests.status", "0\n")
@@ -187,7 +208,7 @@ class Parsers(unittest.TestCase):
             rc, out, res = self.run_main("odpwatch: kernel k\n", skips=listed)
             self.assertEqual(rc, 1, out)
             self.assertEqual(res["unexpected_skips"], 1)
-            self.assertEqual((res["passed"], res["failed"], res["skipped"]), (6, 1, 1))
+            self.assertEqual((res["passed"], res["failed"], res["skipped"]), (8, 1, 1))
             self.assertIn("not on the expected-skips list", out)
 
     def test_main_clean_console_passes(self):
@@ -197,8 +218,8 @@ class Parsers(unittest.TestCase):
         rc, out, res = self.run_main(benign)
         self.assertEqual(rc, 0, out)
         self.assertEqual(res["kernel"], "7.3.4-odpwatch")
-        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (6, 0, 2))
-        self.assertEqual(out.splitlines()[-1], "6 passed, 0 failed, 2 skipped")
+        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (8, 0, 2))
+        self.assertEqual(out.splitlines()[-1], "8 passed, 0 failed, 2 skipped")
 
     def test_stock_comparison(self):
         # A test Debian's rdma-core passed must pass with ours; one it skipped
@@ -225,7 +246,8 @@ class Parsers(unittest.TestCase):
     def test_a_wanted_suite_that_left_nothing_fails(self):
         for f in ("selftests.ktap", "pyverbs-tests.xml", "pyverbs-tests.status", "rdma-core.test_mr.log",
                   "cluster/node0/cluster.xml", "cluster/node0/cluster.status",
-                  "middleware/node0/middleware.xml", "middleware/node0/middleware.status"):
+                  "middleware/node0/middleware.xml", "middleware/node0/middleware.status",
+                  "rdma-fixes/vanilla/fix.tap", "rdma-fixes/fixes/fix.tap"):
             rc, out, res = self.run_main("odpwatch: kernel k\n", drop=f)
             self.assertEqual(rc, 1, f)
 

@@ -3,12 +3,16 @@
  * rxe On-Demand Paging data paths, through two connected RC QPs on $RDMA_DEV
  * (default rxe0): MRs registered with an iova other than their address,
  * implicit MRs across child boundaries, and ibv_advise_mr()'s checks.
+ * The fix_* tests reproduce the bugs of upstream's rxe_odp.c that the rdma
+ * fixes series fixes: make check runs them on the vanilla base too, where
+ * each must fail.
  *
  * ibv_advise_mr() is issued as the raw uverbs ioctl: rdma-core 56.1's rxe
  * provider does not implement it, and the kernel's answers are what is
  * tested here.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -271,6 +275,143 @@ TEST_F(odp, iova_below_range)
 					      mr->rkey, 64));
 	EXPECT_EQ(0, ibv_dereg_mr(mr));
 	munmap(buf, LEN);
+}
+
+/* A copy starts at the iova's offset in its page and moves on in the buffer. */
+TEST_F(odp, fix_copy_at_an_offset_in_the_page)
+{
+	char *buf = map_anon(LEN);
+	struct ibv_mr *mr;
+
+	ASSERT_NE(NULL, buf);
+	mr = ibv_reg_mr(self->pd, buf, LEN, ODP_REMOTE);
+	ASSERT_NE(NULL, mr) TH_LOG("ibv_reg_mr: %s", strerror(errno));
+
+	/* Two packets of the 1 KiB path MTU, from offset 100 of the page. */
+	fill(self->l.local_buf, 2048, 11);
+	ASSERT_EQ(IBV_WC_SUCCESS, rdma(&self->l, IBV_WR_RDMA_WRITE,
+				       (uintptr_t)buf + 100, mr->rkey, 2048));
+	EXPECT_EQ(0, memcmp(buf + 100, self->l.local_buf, 2048));
+
+	/* A READ response whose second packet straddles a page boundary. */
+	fill(buf, LEN, 13);
+	memset(self->l.local_buf, 0, 2048);
+	ASSERT_EQ(IBV_WC_SUCCESS, rdma(&self->l, IBV_WR_RDMA_READ,
+				       (uintptr_t)buf + 3000, mr->rkey, 2048));
+	EXPECT_EQ(0, memcmp(self->l.local_buf, buf + 3000, 2048));
+
+	EXPECT_EQ(0, ibv_dereg_mr(mr));
+	munmap(buf, LEN);
+}
+
+/* The iova, not the address, names an ODP MR's first byte. */
+TEST_F(odp, fix_iova_above_the_address)
+{
+	char *buf = map_anon(LEN);
+	uint64_t iova = (uintptr_t)buf + 8192;
+	struct ibv_mr *mr;
+
+	ASSERT_NE(NULL, buf);
+	mr = ibv_reg_mr_iova(self->pd, buf, LEN, iova, ODP_REMOTE);
+	ASSERT_NE(NULL, mr) TH_LOG("ibv_reg_mr_iova: %s", strerror(errno));
+
+	fill(self->l.local_buf, 64, 17);
+	ASSERT_EQ(IBV_WC_SUCCESS, rdma(&self->l, IBV_WR_RDMA_WRITE, iova,
+				       mr->rkey, 64));
+	EXPECT_EQ(0, memcmp(buf, self->l.local_buf, 64));
+	EXPECT_EQ(0, buf[8192]) TH_LOG("the WRITE landed 8 KiB into the buffer");
+
+	EXPECT_EQ(0, ibv_dereg_mr(mr));
+	munmap(buf, LEN);
+}
+
+/* A read-only ODP MR can be prefetched for reading, never for writing. */
+TEST_F(odp, fix_prefetch_of_a_read_only_mr)
+{
+	char *buf = map_anon(LEN);
+	struct ibv_mr *mr;
+
+	ASSERT_NE(NULL, buf);
+	mr = ibv_reg_mr(self->pd, buf, LEN,
+			IBV_ACCESS_ON_DEMAND | IBV_ACCESS_REMOTE_READ);
+	ASSERT_NE(NULL, mr) TH_LOG("ibv_reg_mr: %s", strerror(errno));
+	EXPECT_EQ(0, advise_mr(self->pd, IBV_ADVISE_MR_ADVICE_PREFETCH,
+			       IBV_ADVISE_MR_FLAG_FLUSH, (uintptr_t)buf, LEN,
+			       mr->lkey));
+	EXPECT_EQ(EPERM, advise_mr(self->pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE,
+				   0, (uintptr_t)buf, LEN, mr->lkey));
+	EXPECT_EQ(0, ibv_dereg_mr(mr));
+	munmap(buf, LEN);
+}
+
+/*
+ * A pinned MR is no ODP MR: prefetching it is refused. Not run on the
+ * vanilla base, where its umem is read as an ODP umem past the end of its
+ * allocation (a crash, or worse).
+ */
+TEST_F(odp, fix_prefetch_of_a_pinned_mr_is_refused)
+{
+	char *buf = map_anon(LEN);
+	struct ibv_mr *mr;
+
+	ASSERT_NE(NULL, buf);
+	mr = ibv_reg_mr(self->pd, buf, LEN, IBV_ACCESS_LOCAL_WRITE);
+	ASSERT_NE(NULL, mr) TH_LOG("ibv_reg_mr: %s", strerror(errno));
+	EXPECT_EQ(EINVAL, advise_mr(self->pd, IBV_ADVISE_MR_ADVICE_PREFETCH,
+				    IBV_ADVISE_MR_FLAG_FLUSH, (uintptr_t)buf,
+				    LEN, mr->lkey));
+	EXPECT_EQ(EINVAL, advise_mr(self->pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0,
+				    (uintptr_t)buf, LEN, mr->lkey));
+	EXPECT_EQ(0, ibv_dereg_mr(mr));
+	munmap(buf, LEN);
+}
+
+/*
+ * Pages an RDMA WRITE filled through an ODP MR are dirty: MADV_FREE makes
+ * them freeable while clean, MADV_PAGEOUT reclaims, the bytes must stay. A
+ * control page treated alike but not written must go (else reclaim did not
+ * run). One CPU, so MADV_PAGEOUT drains the LRU batches the pages sit in.
+ */
+TEST_F(odp, fix_pages_written_through_odp_survive_reclaim)
+{
+	char *buf = map_anon(LEN), *control = map_anon(4096);
+	cpu_set_t all, one;
+	struct ibv_mr *mr;
+	size_t i;
+	int cpu;
+
+	ASSERT_NE(NULL, buf);
+	ASSERT_NE(NULL, control);
+	ASSERT_EQ(0, sched_getaffinity(0, sizeof(all), &all));
+	cpu = 0;
+	while (!CPU_ISSET(cpu, &all))
+		cpu++;
+	CPU_ZERO(&one);
+	CPU_SET(cpu, &one);
+	ASSERT_EQ(0, sched_setaffinity(0, sizeof(one), &one));
+	mr = ibv_reg_mr(self->pd, buf, LEN, ODP_REMOTE);
+	ASSERT_NE(NULL, mr) TH_LOG("ibv_reg_mr: %s", strerror(errno));
+
+	fill(buf, LEN, 40);
+	fill(control, 4096, 40);
+	ASSERT_EQ(0, madvise(buf, LEN, MADV_FREE));
+	ASSERT_EQ(0, madvise(control, 4096, MADV_FREE));
+	fill(self->l.local_buf, LEN, 41);
+	ASSERT_EQ(IBV_WC_SUCCESS, rdma(&self->l, IBV_WR_RDMA_WRITE,
+				       (uintptr_t)buf, mr->rkey, LEN));
+	ASSERT_EQ(0, madvise(control, 4096, MADV_PAGEOUT));
+	ASSERT_EQ(0, madvise(buf, LEN, MADV_PAGEOUT));
+	i = 0;
+	while (i < 4096 && !control[i])
+		i++;
+	ASSERT_EQ(4096UL, i) TH_LOG("a clean freeable page survived MADV_PAGEOUT");
+	EXPECT_EQ(0, memcmp(buf, self->l.local_buf, LEN))
+		TH_LOG("written pages were dropped as clean");
+
+	EXPECT_EQ(0, ibv_dereg_mr(mr));
+	EXPECT_EQ(0, sched_setaffinity(0, sizeof(all), &all));
+	munmap(buf, LEN);
+	munmap(control, 4096);
 }
 
 /* Writes, reads and atomics through an implicit MR's rkey, across children. */

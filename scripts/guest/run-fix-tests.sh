@@ -1,0 +1,20 @@
+#!/bin/sh
+# The fix_* cases of the rxe_odp kselftest (the bugs the rdma fixes series
+# fixes) on the kernel this guest booted: the vanilla base or the base with
+# the fixes. The verdict is collect-results.py's: each case must fail on
+# vanilla and pass with the fixes.
+#   run-fix-tests.sh vanilla|fixes OUTDIR
+kind=$1 out=$2
+bin=/out/guest/selftests/rxe_odp/rxe_odp_data
+mkdir -p "$out"
+uname -r >"$out/kernel"
+set --
+for t in $("$bin" -l 2>&1 | grep -o 'fix_[a-z_]*'); do
+	# On vanilla a prefetch of a pinned MR reads the MR's umem as an ODP
+	# umem, past the end of its allocation: not run there.
+	[ "$kind" = vanilla ] && [ "$t" = fix_prefetch_of_a_pinned_mr_is_refused ] && continue
+	set -- "$@" -t "$t"
+done
+[ $# -gt 0 ] || { echo "no fix_* cases in $bin"; exit 1; }
+"$bin" "$@" >"$out/fix.tap" 2>&1
+echo "rxe_odp_data ${kind}: exit $?, $(grep -c '^ok ' "$out/fix.tap") ok, $(grep -c '^not ok ' "$out/fix.tap") not ok"
