@@ -17,7 +17,8 @@ help:
 	@echo "                     two guests on a private wire, CMD_A on node 0, CMD_B on node 1"
 	@echo "                     (ODPWATCH_NODE, ODPWATCH_SELF, ODPWATCH_PEER say who is where)"
 	@echo "make series          export the kernel change as a patch series (out/series)"
-	@echo "make check-series    apply the exported series to a fresh base and build it"
+	@echo "make check-series    apply each exported series to a fresh base, build it, and run"
+	@echo "                     the rdma fixes' tests on the vanilla base and with the fixes"
 	@echo "make lint            checkpatch --strict and clang-format on our code"
 	@echo "Variables: DEBUG=1 (debug kernel), BASE=<tree or tarball>, TIMEOUT=<s>"
 
@@ -57,7 +58,7 @@ series:
 	scripts/export-series.sh
 
 check-series:
-	scripts/check-series.sh
+	scripts/run.sh check-series
 
 lint:
 	scripts/lint.sh

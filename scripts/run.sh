@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole pipeline, stage by stage with durations:
-#   run.sh check|demo|vm|bench|cluster [debug]
+#   run.sh check|check-series|demo|vm|bench|cluster [debug]
 # host packages -> base kernel -> materialised tree -> kernel build -> guest
 # root filesystem -> guest userspace (chroot) -> boot the job -> results.
 . "$(dirname "$0")/lib.sh"
@@ -20,7 +20,7 @@ rm -f "$OUT/.over-budget"
 # in README: a stage over its budget says so loudly. The guest run's own
 # deadline (TIMEOUT) is the hard limit; these are the early warning.
 declare -A budget=([host]=300 [materialise]=240 [kernel-std]=900 [kernel-debug]=1000
-	[series]=900 [lint]=120 [i386]=240 [rootfs]=300 [rdma-core]=360 [userspace]=300 [libfabric]=600
+	[series]=300 [series-fixes]=1500 [lint]=120 [i386]=240 [rootfs]=300 [rdma-core]=360 [userspace]=300 [libfabric]=600
 	[guest-check-std]=720 [guest-check-debug]=1700 [cluster]=600 [middleware]=900 [rdma-fixes]=240
 	[bench-wire]=2400)
 budgeted() { STAGE_BUDGET=${budget[$1]:-} stage "${@:2}"; }
@@ -48,6 +48,12 @@ budgeted materialise "materialise kernel tree" "$TOP/scripts/materialise.sh" >"$
 tree=$(cat "$OUT/.tree")
 build=$(dirname "$tree")/build-$variant
 budgeted "kernel-$variant" "kernel build ($variant)" "$TOP/scripts/build-kernel.sh" "$tree" "$build" "$variant" >"$OUT/.bzimage"
+if [ "$job" = check-series ]; then
+	# Each series applies and yields this tree; the rdma fixes are built on
+	# the vanilla base, whose kernel and the one with the fixes are booted below.
+	budgeted series-fixes "series check, the rdma fixes on the vanilla base" "$TOP/scripts/check-series.sh" --fixes ||
+		die "the series check failed"
+fi
 if [ "$job" = check ] && [ "$variant" = std ]; then
 	# The series a reviewer gets must apply, yield this tree, build and pass lint.
 	budgeted series "series check" "$TOP/scripts/check-series.sh" || rc=1
@@ -61,7 +67,8 @@ stock=$(cat "$OUT/.rootfs-stock")
 budgeted rdma-core "rdma-core (our series)" "$TOP/scripts/build-rdma-core.sh" "$stock" >"$OUT/.rootfs"
 rootfs=$(cat "$OUT/.rootfs")
 budgeted userspace "guest userspace (chroot)" "$TOP/scripts/build-guest.sh" "$rootfs" "$tree" "$build"
-budgeted libfabric "libfabric with the memwatch monitor (chroot)" "$TOP/scripts/build-libfabric.sh" "$rootfs" "$tree" "$build"
+[ "$job" = check-series ] ||
+	budgeted libfabric "libfabric with the memwatch monitor (chroot)" "$TOP/scripts/build-libfabric.sh" "$rootfs" "$tree" "$build"
 
 if [ "$job" = check ]; then
 	# What each kernel runs. The debug kernel (KASAN, lockdep, kmemleak, fault
@@ -73,7 +80,7 @@ if [ "$job" = check ]; then
 	case $variant in
 	debug) suites="selftests pyverbs-tests"
 		pyverbs="test_harness.py test_rxe_odp.py test_rxe_qp_events.py test_fault_injection.py test_teardown.py test_stress.py test_limits.py" ;;
-	*) suites="selftests pyverbs-tests rdma-core rdma-core-vs-stock cluster middleware rdma-fixes" pyverbs="" ;;
+	*) suites="selftests pyverbs-tests rdma-core rdma-core-vs-stock cluster middleware" pyverbs="" ;;
 	esac
 	printf 'SUITES="%s"\nPYVERBS_TESTS="%s"\n' "$suites" "$pyverbs" >"$OUT/$dir/plan"
 fi
@@ -97,23 +104,23 @@ if [ "$job" = bench ]; then
 	export TIMEOUT=${TIMEOUT:-7200}
 fi
 vmrc=0
-if [ "$job" = cluster ]; then
+if [ "$job" = check-series ]; then
+	# The rdma fixes series' tests on the vanilla base and on the base with
+	# the fixes: they must fail on one and pass on the other.
+	for kind in vanilla fixes; do
+		mkdir -p "$OUT/$dir/rdma-fixes/$kind"
+		printf '%s\n' "/odpwatch/scripts/guest/run-fix-tests.sh $kind /out/$dir/rdma-fixes/$kind" \
+			>"$OUT/$dir/rdma-fixes/$kind/cmd.sh"
+		budgeted rdma-fixes "rdma fixes: the fix_* tests on the $kind kernel" env TIMEOUT=600 \
+			"$TOP/scripts/run-vm.sh" vm "$dir/rdma-fixes/$kind" "$OUT/rdma-fixes/$kind.bzImage" "$rootfs" || true
+	done
+elif [ "$job" = cluster ]; then
 	budgeted "cluster" "boot two guests on a wire, run a command on each" "$TOP/scripts/run-cluster.sh" "$dir" "$(cat "$OUT/.bzimage")" "$rootfs" || vmrc=$?
 else
 	budgeted "guest-$job-$variant" "boot and run '$job' in the guest" "$TOP/scripts/run-vm.sh" "$job" "$dir" "$(cat "$OUT/.bzimage")" "$rootfs" "$stock" || vmrc=$?
 fi
 [ $vmrc = 0 ] || rc=$vmrc
 if [ "$job" = check ] && [ "$variant" = std ]; then
-	# The rdma fixes series' tests on the vanilla base and on the base with
-	# the fixes (kernels built by check-series.sh): they must fail on one
-	# and pass on the other.
-	for kind in vanilla fixes; do
-		mkdir -p "$OUT/$dir/rdma-fixes/$kind"
-		printf '%s\n' "/odpwatch/scripts/guest/run-fix-tests.sh $kind /out/$dir/rdma-fixes/$kind" \
-			>"$OUT/$dir/rdma-fixes/$kind/cmd.sh"
-		budgeted rdma-fixes "rdma fixes: the fix_* tests on the $kind kernel" env TIMEOUT=300 \
-			"$TOP/scripts/run-vm.sh" vm "$dir/rdma-fixes/$kind" "$OUT/rdma-fixes/$kind.bzImage" "$rootfs" || true
-	done
 	# The cluster suite: node 0 runs the tests, node 1 the responder agent.
 	two_guests cluster "cluster suite: two guests on a wire" cluster \
 		"/odpwatch/scripts/guest/run-cluster-suite.sh /out/$dir/cluster/node0" \
@@ -145,6 +152,10 @@ check)
 		--suites "${suites// /,}" --expected-skips "$TOP/configs/expected-skips/$variant.txt" || rc=1
 	log "results: $OUT/$dir/results.json"
 	;;
+check-series)
+	stage "results" python3 "$TOP/scripts/collect-results.py" "$OUT/$dir" --suites rdma-fixes || rc=1
+	log "results: $OUT/$dir/results.json"
+	;;
 demo) echo; cat "$OUT/$dir/output" 2>/dev/null ;;
 bench)
 	# Debian's python3, the one python3-matplotlib is installed for.
@@ -159,6 +170,6 @@ cluster)
 esac
 log "total: $(($(date +%s) - t0))s"
 # The results' closing line stays last for check: print it again after the timings.
-[ "$job" = check ] && [ -f "$OUT/$dir/results.json" ] &&
+case $job in check | check-series) [ -f "$OUT/$dir/results.json" ] ;; *) false ;; esac &&
 	python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print("%(passed)d passed, %(failed)d failed, %(skipped)d skipped" % r)' "$OUT/$dir/results.json"
 exit $rc
