@@ -2,8 +2,8 @@
 // odpwatch/memwatch.h: the memwatch client as a C ABI, for caches written in
 // C (an MPI library, libfabric). Memwatch does the work; this file turns its
 // exceptions into negative errno values.
+#include "c_abi.hpp"
 #include "memwatch.hpp"
-#include "verbs.hpp"
 
 #include <odpwatch/memwatch.h>
 
@@ -41,20 +41,6 @@ struct odpwatch_memwatch {
 
 namespace
 {
-// Runs f, turning exceptions into a negative errno: none crosses the C ABI.
-template <class F> long guarded(F &&f)
-{
-	try {
-		return f();
-	} catch (const odpwatch::verbs::Error &e) {
-		return -e.err();
-	} catch (const std::bad_alloc &) {
-		return -ENOMEM;
-	} catch (...) {
-		return -EIO;
-	}
-}
-
 uintptr_t page_size()
 {
 	static const uintptr_t page = sysconf(_SC_PAGESIZE);
@@ -68,7 +54,7 @@ int odpwatch_memwatch_create(uint32_t flags, uint32_t queue_size, struct odpwatc
 {
 	if (!mw || (flags & ~ODPWATCH_MEMWATCH_NONBLOCK))
 		return -EINVAL;
-	return int(guarded([&] {
+	return odpwatch::c_abi_guarded([&] {
 		auto *m = new odpwatch_memwatch{odpwatch::Memwatch(),
 						bool(flags & ODPWATCH_MEMWATCH_NONBLOCK)};
 		if (queue_size) {
@@ -82,7 +68,7 @@ int odpwatch_memwatch_create(uint32_t flags, uint32_t queue_size, struct odpwatc
 		}
 		*mw = m;
 		return 0;
-	}));
+	});
 }
 
 int odpwatch_memwatch_destroy(struct odpwatch_memwatch *mw)
@@ -106,13 +92,13 @@ int odpwatch_memwatch_add(struct odpwatch_memwatch *mw, const void *addr, size_t
 		return -EINVAL;
 	// The pages holding the buffer: a cache passes its MR's range as it is.
 	const uintptr_t start = a & ~(page - 1), end = (a + length + page - 1) & ~(page - 1);
-	return int(guarded([&] {
+	return odpwatch::c_abi_guarded([&] {
 		auto w = mw->mw.add(reinterpret_cast<const void *>(start), end - start, cookie,
 				    reasons);
 		*range = odpwatch_memwatch_range{
 			mw->mw.word(w.id), w.generation, w.id, 0, start, end};
 		return 0;
-	}));
+	});
 }
 
 int odpwatch_memwatch_remove(struct odpwatch_memwatch *mw,
@@ -120,10 +106,10 @@ int odpwatch_memwatch_remove(struct odpwatch_memwatch *mw,
 {
 	if (!mw || !range)
 		return -EINVAL;
-	return int(guarded([&] {
+	return odpwatch::c_abi_guarded([&] {
 		mw->mw.remove(range->id);
 		return 0;
-	}));
+	});
 }
 
 ssize_t odpwatch_memwatch_read_events(struct odpwatch_memwatch *mw,
@@ -170,10 +156,10 @@ int odpwatch_memwatch_clear_overflow(struct odpwatch_memwatch *mw)
 {
 	if (!mw)
 		return -EINVAL;
-	return int(guarded([&] {
+	return odpwatch::c_abi_guarded([&] {
 		mw->mw.clear_overflow();
 		return 0;
-	}));
+	});
 }
 
 } // extern "C"

@@ -17,6 +17,7 @@
 // overlapped entries instead, which keeps each registration as small as its
 // request but registers again for every shifted window.
 #include "regcache.hpp"
+#include "c_abi.hpp"
 
 #include <unistd.h>
 
@@ -702,20 +703,6 @@ struct odpwatch_cache {
 
 namespace
 {
-// Runs f, turning exceptions into a negative errno: none crosses the C ABI.
-template <class F> int guarded(F &&f)
-{
-	try {
-		return f();
-	} catch (const odpwatch::verbs::Error &e) {
-		return -e.err();
-	} catch (const std::bad_alloc &) {
-		return -ENOMEM;
-	} catch (...) { // a std::system_error of a lock or a thread, say
-		return -EIO;
-	}
-}
-
 // A child of fork() shares the parent's device file: deregistering there
 // would remove the parent's MRs, and the cache's locks and thread may be in
 // any state. Every call but destroy fails there.
@@ -741,7 +728,7 @@ int odpwatch_cache_create(const struct odpwatch_cache_attr *attr, struct odpwatc
 {
 	if (!cache || !attr_valid(attr))
 		return -EINVAL;
-	return guarded([&] {
+	return odpwatch::c_abi_guarded([&] {
 		const Policy p = attr ? static_cast<Policy>(attr->policy) : Policy::Auto;
 		const RegCache::Limits l{attr ? attr->max_entries : 0, attr ? attr->max_bytes : 0};
 		*cache = new odpwatch_cache{RegCache(p, l)};
@@ -755,7 +742,7 @@ int odpwatch_cache_destroy(struct odpwatch_cache *cache)
 		return -EINVAL;
 	if (foreign(cache))
 		return 0; // forgotten: the memory is this process's copy, the MRs the parent's
-	return guarded([&] {
+	return odpwatch::c_abi_guarded([&] {
 		if (cache->cache.in_use())
 			return -EBUSY;
 		delete cache;
@@ -770,7 +757,7 @@ int odpwatch_cache_get(struct odpwatch_cache *cache, struct ibv_pd *pd, void *ad
 		return -EINVAL;
 	if (foreign(cache))
 		return -EPERM;
-	return guarded([&] {
+	return odpwatch::c_abi_guarded([&] {
 		*reg = reinterpret_cast<odpwatch_cache_reg *>(
 			cache->cache.get(pd, addr, len, access));
 		return 0;
@@ -784,7 +771,7 @@ int odpwatch_cache_put(struct odpwatch_cache *cache, struct odpwatch_cache_reg *
 		return -EINVAL;
 	if (foreign(cache))
 		return -EPERM;
-	return guarded([&] { return cache->cache.put(e) ? 0 : -EINVAL; });
+	return odpwatch::c_abi_guarded([&] { return cache->cache.put(e) ? 0 : -EINVAL; });
 }
 
 struct ibv_mr *odpwatch_cache_reg_mr(const struct odpwatch_cache_reg *reg)
@@ -803,7 +790,8 @@ int odpwatch_cache_policy_of(struct odpwatch_cache *cache, struct ibv_pd *pd)
 		return -EINVAL;
 	if (foreign(cache))
 		return -EPERM;
-	return guarded([&] { return static_cast<int>(cache->cache.policy_of(pd)); });
+	return odpwatch::c_abi_guarded(
+		[&] { return static_cast<int>(cache->cache.policy_of(pd)); });
 }
 
 int odpwatch_cache_query(struct odpwatch_cache *cache, struct odpwatch_cache_stats *stats)
@@ -812,7 +800,7 @@ int odpwatch_cache_query(struct odpwatch_cache *cache, struct odpwatch_cache_sta
 		return -EINVAL;
 	if (foreign(cache))
 		return -EPERM;
-	return guarded([&] {
+	return odpwatch::c_abi_guarded([&] {
 		*stats = cache->cache.stats();
 		return 0;
 	});
@@ -824,7 +812,7 @@ int odpwatch_cache_flush(struct odpwatch_cache *cache)
 		return -EINVAL;
 	if (foreign(cache))
 		return -EPERM;
-	return guarded([&] {
+	return odpwatch::c_abi_guarded([&] {
 		cache->cache.flush();
 		return 0;
 	});
@@ -836,7 +824,7 @@ int odpwatch_cache_event_fd(struct odpwatch_cache *cache)
 		return -EINVAL;
 	if (foreign(cache))
 		return -EPERM;
-	return guarded([&] {
+	return odpwatch::c_abi_guarded([&] {
 		int fd = cache->cache.event_fd();
 		return fd < 0 ? -ENOENT : fd;
 	});
@@ -848,7 +836,8 @@ int odpwatch_cache_process_events(struct odpwatch_cache *cache)
 		return -EINVAL;
 	if (foreign(cache))
 		return -EPERM;
-	return guarded([&] { return static_cast<int>(cache->cache.process_events()); });
+	return odpwatch::c_abi_guarded(
+		[&] { return static_cast<int>(cache->cache.process_events()); });
 }
 
 const char *odpwatch_cache_policy_name(int policy)
