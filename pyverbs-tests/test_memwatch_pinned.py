@@ -5,6 +5,7 @@ move. Each test checks the watch against what really happened to the pages:
 an RDMA WRITE through the MR after the event must land in what the process
 sees at that address (the same pages), and an unpinned buffer beside it,
 treated alike, shows what the event does to pages that can move."""
+import contextlib
 import ctypes
 import os
 import time
@@ -65,6 +66,29 @@ def numa_nodes():
                   if d.startswith("node") and d[4:].isdigit())
 
 
+@contextlib.contextmanager
+def pinned_beside_unpinned(pd, n, seeds, mergeable=False):
+    """Two buffers of n bytes filled with seeds[0] and seeds[1] (made
+    MADV_MERGEABLE first if asked), the first held by a pinned MR, each
+    watched (cookies 1 and 2). Yields (mr, pinned_buf, loose_buf, mw,
+    pinned, loose)."""
+    pinned_buf, loose_buf = mmap_anon(n), mmap_anon(n)
+    fill(pinned_buf, n, seeds[0])
+    fill(loose_buf, n, seeds[1])
+    if mergeable:
+        madvise(pinned_buf, n, MADV_MERGEABLE)
+        madvise(loose_buf, n, MADV_MERGEABLE)
+    mr = MR(pd, n, REMOTE, address=pinned_buf)
+    try:
+        with MemWatch(nonblock=True) as mw:
+            yield mr, pinned_buf, loose_buf, mw, mw.add(pinned_buf, n, cookie=1), \
+                mw.add(loose_buf, n, cookie=2)
+    finally:
+        mr.close()
+        munmap(pinned_buf, n)
+        munmap(loose_buf, n)
+
+
 def test_fork_leaves_a_pinned_buffer_and_its_watch_alone(ctx, pd):
     """fork() copies pages pinned for DMA into the child at once instead of
     sharing them copy-on-write: the parent keeps its pages, and its next
@@ -72,37 +96,27 @@ def test_fork_leaves_a_pinned_buffer_and_its_watch_alone(ctx, pd):
     the same way, is shared COW: the parent's write moves it to a new page
     (CLEAR)."""
     n = 4 * PAGE
-    pinned_buf, loose_buf = mmap_anon(n), mmap_anon(n)
-    fill(pinned_buf, n, 1)
-    fill(loose_buf, n, 2)
-    mr = MR(pd, n, REMOTE, address=pinned_buf)
-    try:
-        with MemWatch(nonblock=True) as mw:
-            pinned, loose = mw.add(pinned_buf, n, cookie=1), mw.add(loose_buf, n, cookie=2)
-            r, w = os.pipe()
-            pid = os.fork()
-            if pid == 0:
-                os.read(r, 1)  # alive, sharing what fork shared, until the writes
-                os._exit(0)
-            try:
-                fill(pinned_buf, n, 3)
-                fill(loose_buf, n, 4)
-            finally:
-                os.write(w, b"x")
-                os.waitpid(pid, 0)
-                os.close(r)
-                os.close(w)
-            events = {ev.cookie for ev in mw.read_events()}
-            print(f"after fork and the parent's writes: pinned valid {pinned.is_valid()}, "
-                  f"unpinned valid {loose.is_valid()}, records for {sorted(events)}")
-            assert not loose.is_valid() and 2 in events, "COW of the unpinned buffer unseen"
-            assert pinned.is_valid() and 1 not in events, \
-                "the pinned buffer's watch changed, but its pages did not"
-            write_lands(ctx, pd, mr, pinned_buf, n, 5)
-    finally:
-        mr.close()
-        munmap(pinned_buf, n)
-        munmap(loose_buf, n)
+    with pinned_beside_unpinned(pd, n, (1, 2)) as (mr, pinned_buf, loose_buf, mw, pinned, loose):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.read(r, 1)  # alive, sharing what fork shared, until the writes
+            os._exit(0)
+        try:
+            fill(pinned_buf, n, 3)
+            fill(loose_buf, n, 4)
+        finally:
+            os.write(w, b"x")
+            os.waitpid(pid, 0)
+            os.close(r)
+            os.close(w)
+        events = {ev.cookie for ev in mw.read_events()}
+        print(f"after fork and the parent's writes: pinned valid {pinned.is_valid()}, "
+              f"unpinned valid {loose.is_valid()}, records for {sorted(events)}")
+        assert not loose.is_valid() and 2 in events, "COW of the unpinned buffer unseen"
+        assert pinned.is_valid() and 1 not in events, \
+            "the pinned buffer's watch changed, but its pages did not"
+        write_lands(ctx, pd, mr, pinned_buf, n, 5)
 
 
 def test_migration_of_pinned_pages(ctx, pd):
@@ -113,33 +127,23 @@ def test_migration_of_pinned_pages(ctx, pd):
     nodes = numa_nodes()
     assert len(nodes) >= 2, f"the guest has NUMA nodes {nodes}; this test needs two"
     n = 4 * PAGE
-    pinned_buf, loose_buf = mmap_anon(n), mmap_anon(n)
-    fill(pinned_buf, n, 1)
-    fill(loose_buf, n, 2)
-    mr = MR(pd, n, REMOTE, address=pinned_buf)
-    try:
-        with MemWatch(nonblock=True) as mw:
-            pinned, loose = mw.add(pinned_buf, n, cookie=1), mw.add(loose_buf, n, cookie=2)
-            before = pages_nodes(pinned_buf, 4)
-            target = next(x for x in nodes if x != before[0])
-            moved_loose = pages_nodes(loose_buf, 4, target)
-            moved_pinned = pages_nodes(pinned_buf, 4, target)
-            after = pages_nodes(pinned_buf, 4)
-            events = {ev.cookie: ev.reasons for ev in mw.read_events()}
-            print(f"pinned pages on {before}, move_pages to {target}: (status, pages not "
-                  f"moved) {moved_pinned}, then on {after}; unpinned {moved_loose}, then on "
-                  f"{pages_nodes(loose_buf, 4)}; records {events}; valid: pinned "
-                  f"{pinned.is_valid()}, unpinned {loose.is_valid()}")
-            assert moved_loose[1] == 0 and pages_nodes(loose_buf, 4) == [target] * 4
-            assert not loose.is_valid() and 2 in events
-            assert moved_pinned[1] == 4 and after == before, "pinned pages moved"
-            write_lands(ctx, pd, mr, pinned_buf, n, 5)
-            assert not pinned.is_valid() and 1 in events, \
-                "the failed migration of the pinned pages left their watch alone"
-    finally:
-        mr.close()
-        munmap(pinned_buf, n)
-        munmap(loose_buf, n)
+    with pinned_beside_unpinned(pd, n, (1, 2)) as (mr, pinned_buf, loose_buf, mw, pinned, loose):
+        before = pages_nodes(pinned_buf, 4)
+        target = next(x for x in nodes if x != before[0])
+        moved_loose = pages_nodes(loose_buf, 4, target)
+        moved_pinned = pages_nodes(pinned_buf, 4, target)
+        after = pages_nodes(pinned_buf, 4)
+        events = {ev.cookie: ev.reasons for ev in mw.read_events()}
+        print(f"pinned pages on {before}, move_pages to {target}: (status, pages not "
+              f"moved) {moved_pinned}, then on {after}; unpinned {moved_loose}, then on "
+              f"{pages_nodes(loose_buf, 4)}; records {events}; valid: pinned "
+              f"{pinned.is_valid()}, unpinned {loose.is_valid()}")
+        assert moved_loose[1] == 0 and pages_nodes(loose_buf, 4) == [target] * 4
+        assert not loose.is_valid() and 2 in events
+        assert moved_pinned[1] == 4 and after == before, "pinned pages moved"
+        write_lands(ctx, pd, mr, pinned_buf, n, 5)
+        assert not pinned.is_valid() and 1 in events, \
+            "the failed migration of the pinned pages left their watch alone"
 
 
 def anon_huge_kib(addr):
@@ -204,16 +208,10 @@ def test_ksm_over_pinned_pages(ctx, pd):
     pages beside them are merged (CLEAR too): they are the process's only
     merged pages."""
     n = 2 * PAGE
-    pinned_buf, loose_buf = mmap_anon(n), mmap_anon(n)
-    fill(pinned_buf, n, 7)
-    fill(loose_buf, n, 7)
-    madvise(pinned_buf, n, MADV_MERGEABLE)
-    madvise(loose_buf, n, MADV_MERGEABLE)
-    mr = MR(pd, n, REMOTE, address=pinned_buf)
     saved = {k: ksm_knob(k) for k in ("run", "sleep_millisecs", "pages_to_scan")}
-    try:
-        with MemWatch(nonblock=True) as mw:
-            pinned, loose = mw.add(pinned_buf, n, cookie=1), mw.add(loose_buf, n, cookie=2)
+    with pinned_beside_unpinned(pd, n, (7, 7), mergeable=True) as \
+            (mr, pinned_buf, loose_buf, mw, pinned, loose):
+        try:
             ksm_knob("sleep_millisecs", 10)
             ksm_knob("pages_to_scan", 1000)
             scans = int(ksm_knob("full_scans"))
@@ -235,11 +233,8 @@ def test_ksm_over_pinned_pages(ctx, pd):
             assert ctypes.string_at(loose_buf, n) == bytes([7]) * n
             assert not pinned.is_valid() and 1 in events, \
                 "KSM's failed merge of the pinned pages left their watch alone"
-    finally:
-        ksm_knob("run", 0)
-        for k in ("sleep_millisecs", "pages_to_scan"):
-            ksm_knob(k, saved[k])
-        ksm_knob("run", saved["run"])
-        mr.close()
-        munmap(pinned_buf, n)
-        munmap(loose_buf, n)
+        finally:
+            ksm_knob("run", 0)
+            for k in ("sleep_millisecs", "pages_to_scan"):
+                ksm_knob(k, saved[k])
+            ksm_knob("run", saved["run"])
