@@ -20,8 +20,7 @@ tree=$(cat "$OUT/.tree" 2>/dev/null || "$TOP/scripts/materialise.sh")
 root=$(dirname "$tree")/series-check
 mkdir -p "$root"
 g() { git -C "$root/src" -c user.name=reviewer -c user.email=reviewer@localhost "$@"; }
-series_list=$(awk '$1 == "series" { print $2 }' "$TOP/kernel-patches/series")
-base_of() { awk -v name="$1" '$1 == "series" && $2 == name { for (i = 3; i < NF; i++) if ($i == "on") print $(i + 1) }' "$TOP/kernel-patches/series"; }
+series_list=$(kernel_series)
 # am_series NAME [EACH]: git am series NAME's exported patches; EACH, if
 # given, is run after every patch with the patch's path.
 am_series() {
@@ -36,7 +35,7 @@ am_series() {
 # Each series alone, on the base it names.
 for name in $series_list; do
 	scratch_at_base "$tree" "$root/src" "review-$name"
-	on=$(base_of "$name")
+	on=$(kernel_series_base "$name")
 	[ -z "$on" ] || am_series "$on"
 	am_series "$name"
 	log "series: $name applies with git am to ${on:+the $on series on }the base"

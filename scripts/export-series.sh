@@ -67,8 +67,6 @@ entries() {
 		/^[ \t]*(#|$)/ { next }
 		cur == name { print }' "$TOP/kernel-patches/series"
 }
-# What series NAME applies on: the base or another series.
-base_of() { awk -v name="$1" '$1 == "series" && $2 == name { for (i = 3; i < NF; i++) if ($i == "on") print $(i + 1) }' "$TOP/kernel-patches/series"; }
 # The subject tag of series NAME ("series NAME TAG ..."): PATCH TAG.
 tag_of() { awk -v name="$1" '$1 == "series" && $2 == name && NF >= 3 && $3 != "on" { print $3 }' "$TOP/kernel-patches/series"; }
 
@@ -94,14 +92,14 @@ apply() {
 	done < <(entries "$1")
 }
 
-names=$(awk '$1 == "series" { print $2 }' "$TOP/kernel-patches/series")
+names=$(kernel_series)
 [ -n "$names" ] || die "kernel-patches/series names no series"
 rm -rf "$OUT/series" && mkdir -p "$OUT/series"
 # Each series from its own base: the vanilla tree, or the series it is on.
 for name in $names; do
 	[ -f "$TOP/kernel-patches/cover-$name.txt" ] || die "series $name: no cover letter kernel-patches/cover-$name.txt"
 	scratch_at_base "$tree" "$work" "series-$name"
-	on=$(base_of "$name")
+	on=$(kernel_series_base "$name")
 	[ -z "$on" ] || apply "$on"
 	from=$(g rev-parse HEAD)
 	apply "$name"

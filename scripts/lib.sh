@@ -143,6 +143,14 @@ apt_private_update() {
 	fi
 }
 
+# The kernel series kernel-patches/series names ("series NAME [TAG] [on OTHER]"),
+# in order; and the series NAME applies on top of (empty: the vanilla base).
+kernel_series() { awk '$1 == "series" { print $2 }' "$TOP/kernel-patches/series"; }
+kernel_series_base() {
+	awk -v name="$1" '$1 == "series" && $2 == name { for (i = 3; i < NF; i++) if ($i == "on") print $(i + 1) }' \
+		"$TOP/kernel-patches/series"
+}
+
 # The overlay entries of Kbuild, "repo-dir:tree-dir" each, one per line.
 overlay_entries() {
 	make -s -f - <<<"include $TOP/Kbuild

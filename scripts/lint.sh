@@ -9,9 +9,9 @@ tree=$(cat "$OUT/.tree" 2>/dev/null || "$TOP/scripts/materialise.sh")
 # Always this tree's series (a few seconds): one left by an earlier export
 # would check old code.
 ODPWATCH_SERIES_CHECK=1 "$TOP/scripts/export-series.sh"
-kernel_series=$(awk '$1 == "series" { print $2 }' "$TOP/kernel-patches/series")
+series_names=$(kernel_series)
 kernel_patches=()
-for name in $kernel_series; do
+for name in $series_names; do
 	for p in "$OUT/series/$name"/0*.patch; do
 		case $p in *0000-cover-letter.patch) ;; *) kernel_patches+=("$p") ;; esac
 	done
@@ -30,7 +30,7 @@ for p in "${kernel_patches[@]}"; do
 		rc=1
 	fi
 done
-[ $rc = 0 ] && log "lint: checkpatch --strict clean on ${#kernel_patches[@]} patches ($(echo $kernel_series))"
+[ $rc = 0 ] && log "lint: checkpatch --strict clean on ${#kernel_patches[@]} patches ($(echo $series_names))"
 # What a maintainer refuses on sight: a fix for the current release without
 # Fixes: and Cc: stable, a new module parameter anywhere.
 for p in "$OUT"/series/rdma-fixes/0*.patch; do
