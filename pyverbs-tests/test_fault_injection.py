@@ -63,7 +63,7 @@ DEBUGFS = "/sys/kernel/debug"
 
 
 def rxe_odp_text():
-    """The address range of rxe's ODP functions (rxe_odp_mr.c, rxe_odp_data.c):
+    """The address range of rxe's ODP functions (rxe_odp.c):
     built in, they are the last stretch of rxe's .text. It ends where the next
     function after the last rxe_odp_/rxe_ib_advise_mr one starts."""
     text = []

@@ -6,7 +6,8 @@
 # --fixes (make check-series): also build the rdma fixes series on the vanilla
 # base step by step: the base itself (its kernel kept for the fix_* tests),
 # each fix's rxe objects, and the kernel with all the fixes, kept too; run.sh
-# boots both. make check leaves this out: a full kernel build of a tree ccache
+# boots both. Then the rdma series on top, step by step: drivers/infiniband
+# compiled after each of its patches. make check leaves this out: a full kernel build of a tree ccache
 # shares little with ours (our series changes widely included headers).
 . "$(dirname "$0")/lib.sh"
 
@@ -28,7 +29,7 @@ am_series() {
 	for p in "$OUT/series/$1"/0*.patch; do
 		case $p in *0000-cover-letter.patch) continue ;; esac
 		g am -q "$p" || die "series $1 does not apply with git am: $(basename "$p")"
-		[ -z "${2:-}" ] || "$2" "$p"
+		[ -z "${2:-}" ] || $2 "$p"
 	done
 }
 
@@ -68,13 +69,18 @@ g() { git -C "$vroot/src" -c user.name=reviewer -c user.email=reviewer@localhost
 scratch_at_base "$tree" "$vroot/src" vanilla
 stage "build the vanilla base" "$TOP/scripts/build-kernel.sh" "$vroot/src" "$vroot/build" vanilla >"$fixes/.bzimage"
 cp "$(cat "$fixes/.bzimage")" "$fixes/vanilla.bzImage"
-compile_rxe() {
-	"$TOP/scripts/build-kernel.sh" "$vroot/src" "$vroot/build" vanilla drivers/infiniband/sw/rxe/ ||
-		die "the rxe objects do not build after $(basename "$1")"
-	log "series: rdma-fixes: rxe builds after $(basename "$1")"
+# compile_step SERIES PATCH: drivers/infiniband (the core and rxe) after PATCH.
+compile_step() {
+	"$TOP/scripts/build-kernel.sh" "$vroot/src" "$vroot/build" vanilla drivers/infiniband/ ||
+		die "drivers/infiniband does not build after $(basename "$2") of the $1 series"
+	log "series: $1: drivers/infiniband builds after $(basename "$2")"
 }
-am_series rdma-fixes compile_rxe
+am_series rdma-fixes "compile_step rdma-fixes"
 stage "build the vanilla base with the fixes" "$TOP/scripts/build-kernel.sh" "$vroot/src" "$vroot/build" vanilla >"$fixes/.bzimage"
 cp "$(cat "$fixes/.bzimage")" "$fixes/fixes.bzImage"
 rm -f "$fixes/.bzimage"
 log "series: kernels for the fix_* tests: $fixes/vanilla.bzImage, $fixes/fixes.bzImage"
+# The rdma series on the fixes, every step compiled: each is a kernel a
+# bisection may stop at. (Its tests run on the whole stack, in make check.)
+am_series rdma "compile_step rdma"
+log "series: rdma: every step builds on the vanilla base with the fixes"

@@ -32,7 +32,8 @@ for p in "${kernel_patches[@]}"; do
 done
 [ $rc = 0 ] && log "lint: checkpatch --strict clean on ${#kernel_patches[@]} patches ($(echo $series_names))"
 # What a maintainer refuses on sight: a fix for the current release without
-# Fixes: and Cc: stable, a new module parameter anywhere.
+# Fixes: and Cc: stable, a new module parameter anywhere, an upstream file
+# deleted (replaced wholesale instead of changed in place).
 for p in "$OUT"/series/rdma-fixes/0*.patch; do
 	case $p in *0000-cover-letter.patch) continue ;; esac
 	grep -q '^Fixes: [0-9a-f]\{12\} ("' "$p" && grep -q '^Cc: stable@vger.kernel.org$' "$p" || {
@@ -42,6 +43,10 @@ for p in "$OUT"/series/rdma-fixes/0*.patch; do
 done
 if grep -l '^+.*\bmodule_param' "${kernel_patches[@]}" >&2; then
 	echo "lint: the patches above add a module parameter" >&2
+	rc=1
+fi
+if grep -l '^deleted file mode' "${kernel_patches[@]}" >&2; then
+	echo "lint: the patches above delete an upstream file" >&2
 	rc=1
 fi
 
