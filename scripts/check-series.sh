@@ -7,8 +7,9 @@
 # base step by step: the base itself (its kernel kept for the fix_* tests),
 # each fix's rxe objects, and the kernel with all the fixes, kept too; run.sh
 # boots both. Then the rdma series on top, step by step: drivers/infiniband
-# compiled after each of its patches. make check leaves this out: a full kernel build of a tree ccache
-# shares little with ours (our series changes widely included headers).
+# compiled after each of its patches. make check leaves this out: a full
+# kernel build of a tree ccache shares little with ours (our series changes
+# widely included headers).
 . "$(dirname "$0")/lib.sh"
 
 fixes_too=0
@@ -23,7 +24,8 @@ mkdir -p "$root"
 g() { git -C "$root/src" -c user.name=reviewer -c user.email=reviewer@localhost "$@"; }
 series_list=$(kernel_series)
 # am_series NAME [EACH]: git am series NAME's exported patches; EACH, if
-# given, is run after every patch with the patch's path.
+# given (a command and its words), is run after every patch with the patch's
+# path appended.
 am_series() {
 	local p
 	for p in "$OUT/series/$1"/0*.patch; do
