@@ -146,6 +146,9 @@ apt_private_update() {
 # The kernel series kernel-patches/series names ("series NAME [TAG] [on OTHER]"),
 # in order; and the series NAME applies on top of (empty: the vanilla base).
 kernel_series() { awk '$1 == "series" { print $2 }' "$TOP/kernel-patches/series"; }
+# The patch files kernel-patches/series lists, in order (every entry but
+# comments, "add" and "series" lines).
+kernel_patch_entries() { awk '$1 !~ /^#/ && $1 != "add" && $1 != "series" && NF { print $1 }' "$TOP/kernel-patches/series"; }
 kernel_series_base() {
 	awk -v name="$1" '$1 == "series" && $2 == name { for (i = 3; i < NF; i++) if ($i == "on") print $(i + 1) }' \
 		"$TOP/kernel-patches/series"

@@ -33,11 +33,10 @@ fi
 # The series: re-applied from the base only when it changed.
 series=$TOP/kernel-patches/series
 patches=()
-while read -r p _; do
-	case $p in '' | '#'* | add | series) continue ;; esac
+for p in $(kernel_patch_entries); do
 	[ -f "$TOP/kernel-patches/$p" ] || die "kernel-patches/series names $p, which does not exist"
 	patches+=("$TOP/kernel-patches/$p")
-done <"$series"
+done
 want=$(key_of "$series" ${patches[@]+"${patches[@]}"})
 have=$(cat "$tree/.git/odpwatch-series-key" 2>/dev/null || true)
 if [ "$want" != "$have" ]; then

@@ -10,16 +10,16 @@
 . "$(dirname "$0")/lib.sh"
 
 tree=${1:-$(cat "$OUT/.tree" 2>/dev/null || true)}
-[ -n "$tree" ] && [ -d "$tree/.git" ] || die "no materialised tree (run make kernel first, or name one)"
+[ -n "$tree" ] && [ -d "$tree/.git" ] || die "no materialised tree (any make job makes one; or name one)"
 # Our own files are overlaid untracked: a tracked change is an uncommitted edit.
 git -C "$tree" diff --quiet HEAD || die "$tree has uncommitted changes to upstream files: commit them first"
 
 # A patch's subject, its folded header lines joined.
 subject_of() { awk '/^Subject: /{ s = $0; while ((getline l) > 0 && l ~ /^ /) s = s l; sub(/^Subject: \[PATCH\] /, "", s); print s; exit }' "$1"; }
 declare -A file_of=()
-while read -r p _; do
-	case $p in *.patch) file_of[$(subject_of "$TOP/kernel-patches/$p")]=$p ;; esac
-done <"$TOP/kernel-patches/series"
+for p in $(kernel_patch_entries); do
+	file_of[$(subject_of "$TOP/kernel-patches/$p")]=$p
+done
 
 n=0
 for c in $(git -C "$tree" rev-list --reverse odpwatch-base..HEAD); do
