@@ -360,20 +360,32 @@ def git(*args):
         return "?"
 
 
+def measured_commit(d):
+    """(hash, dirty, subject) of the commit the run measured: as run.sh
+    recorded it when the run began, or else HEAD now (a report made again
+    from an older directory)."""
+    f = d / "commit"
+    if f.exists():
+        h, state, subject = (f.read_text().splitlines() + ["?"] * 3)[:3]
+        return h, state == "dirty", subject
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    return git("rev-parse", "--short=12", "HEAD"), dirty, git("log", "-1", "--format=%s")
+
+
 def main():
     d = Path(sys.argv[1])
     plots = d / "plots"
     plots.mkdir(exist_ok=True)
     for old in plots.glob("*.png"):
         old.unlink()
-    commit = git("rev-parse", "--short=12", "HEAD")
-    dirty = " (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else ""
+    commit, dirty, subject = measured_commit(d)
+    dirty = " (with uncommitted changes)" if dirty else ""
     args = (d / "args").read_text().strip() if (d / "args").exists() else "?"
     kernel = (d / "kernel").read_text().strip() if (d / "kernel").exists() else "?"
     md = [
         "# odpwatch benchmark report",
         "",
-        f"Measured on commit `{commit}`{dirty} ({git('log', '-1', '--format=%s')}), "
+        f"Measured on commit `{commit}`{dirty} ({subject}), "
         f"{datetime.date.today().isoformat()}, kernel `{kernel}` in QEMU (TCG, 2 vCPUs), "
         f"one guest boot (`wire`: two more, one vCPU each, joined by a private wire); every "
         f"benchmark ran with `{args}`.",
@@ -446,7 +458,10 @@ def main():
         md.append("")
     md += pin_forever(d, plots)
     md += beyond_memory(d, plots)
-    md += ["## Raw data", ""] + [f"- [{b}.csv]({b}.csv)" for b in allrows] + [""]
+    # The two workloads' own output (run-bench.sh) is their raw data.
+    texts = sorted(d.glob("pin-forever-*.txt")) + sorted(d.glob("beyond-memory.txt"))
+    md += ["## Raw data", ""] + [f"- [{b}.csv]({b}.csv)" for b in allrows] + [
+        f"- [{t.name}]({t.name})" for t in texts] + [""]
     (d / "report.md").write_text("\n".join(md))
     print(f"report: {d / 'report.md'}: {sum(len(r) for r in allrows.values())} rows, "
           f"{len(list(plots.glob('*.png')))} plots")

@@ -100,6 +100,14 @@ if [ "$job" = bench ]; then
 	args="--reps ${REPS:-5}"
 	case ${QUICK:-0} in 1 | yes | y) args="--quick --reps ${REPS:-3}" ;; esac
 	echo "$args" >"$OUT/$dir/args"
+	# The commit measured, as it is when the run begins (hash, clean or
+	# dirty, subject): the report is written two hours later, and HEAD may
+	# have moved on by then.
+	{
+		git -C "$TOP" rev-parse --short=12 HEAD
+		[ -z "$(git -C "$TOP" status --porcelain --untracked-files=no)" ] && echo clean || echo dirty
+		git -C "$TOP" log -1 --format=%s
+	} >"$OUT/$dir/commit"
 	# The full run takes longer than the default deadline.
 	export TIMEOUT=${TIMEOUT:-7200}
 fi
