@@ -40,6 +40,16 @@ dir=$job
 remove_tree "$OUT/$dir"
 mkdir -p "$OUT/$dir"
 
+if [ "$job" = bench ]; then
+	# The commit measured, as it is before anything is built (hash, clean
+	# or dirty, subject): the report is written hours later, and HEAD may
+	# have moved on by then.
+	{
+		git -C "$TOP" rev-parse --short=12 HEAD
+		[ -z "$(git -C "$TOP" status --porcelain --untracked-files=no)" ] && echo clean || echo dirty
+		git -C "$TOP" log -1 --format=%s
+	} >"$OUT/$dir/commit"
+fi
 if [ "$job" = check ]; then
 	stage "harness self-test" python3 -m unittest discover -s "$TOP/scripts/tests" -q || rc=1
 fi
@@ -100,14 +110,6 @@ if [ "$job" = bench ]; then
 	args="--reps ${REPS:-5}"
 	case ${QUICK:-0} in 1 | yes | y) args="--quick --reps ${REPS:-3}" ;; esac
 	echo "$args" >"$OUT/$dir/args"
-	# The commit measured, as it is when the run begins (hash, clean or
-	# dirty, subject): the report is written two hours later, and HEAD may
-	# have moved on by then.
-	{
-		git -C "$TOP" rev-parse --short=12 HEAD
-		[ -z "$(git -C "$TOP" status --porcelain --untracked-files=no)" ] && echo clean || echo dirty
-		git -C "$TOP" log -1 --format=%s
-	} >"$OUT/$dir/commit"
 	# The full run takes longer than the default deadline.
 	export TIMEOUT=${TIMEOUT:-7200}
 fi
