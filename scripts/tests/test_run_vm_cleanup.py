@@ -12,8 +12,11 @@ from pathlib import Path
 
 RUN_VM = Path(__file__).resolve().parent.parent / "run-vm.sh"
 
+# The PID file appears whole (written aside, then renamed): the test polls
+# for it, and a shell's ">" creates it empty before the echo fills it.
 FAKE_QEMU = """#!/bin/sh
-echo $$ >"$FAKE_QEMU_PIDFILE"
+echo $$ >"$FAKE_QEMU_PIDFILE.tmp"
+mv "$FAKE_QEMU_PIDFILE.tmp" "$FAKE_QEMU_PIDFILE"
 exec sleep 1000
 """
 
@@ -60,6 +63,8 @@ class RunVmCleanup(unittest.TestCase):
         p = subprocess.Popen([str(RUN_VM), "vm", "vm", "/nonexistent/bzImage", "/nonexistent/rootfs"],
                              env=dict(self.env, **env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        # A test that fails early must not leave run-vm.sh behind.
+        self.addCleanup(lambda: (p.poll() is None and p.kill(), p.communicate()))
         self.assertTrue(wait_for(self.pidfile.exists), "the stand-in QEMU never started")
         qemu = int(self.pidfile.read_text())
         self.assertTrue(alive(qemu))
