@@ -101,10 +101,11 @@ def zram_swap(size):
 @pytest.mark.parametrize("resident", [2, 4])
 def test_demand_paging_beyond_memory(resident):
     """An ODP MR over 64 MiB (ODPWATCH_BEYOND_MIB) whose memory cgroup may
-    keep only 1/2 or 1/4 of it resident, zram swap behind it: RDMA WRITE of every 1 MiB chunk, then
-    RDMA READ of each back, byte-exact while pages go out to swap and come
-    back for the transfers. A pinned registration of the same buffer fails
-    cleanly (ENOMEM under RLIMIT_MEMLOCK), pinning nothing."""
+    keep only 1/2 or 1/4 of it resident, zram swap behind it: RDMA WRITE of
+    every 1 MiB chunk, then RDMA READ of each back, byte-exact while pages go
+    out to swap and come back for the transfers. A pinned registration of
+    the same buffer fails cleanly (ENOMEM under RLIMIT_MEMLOCK), pinning
+    nothing."""
     mib = int(os.environ.get("ODPWATCH_BEYOND_MIB", "64"))
     with zram_swap(4 * mib << 20), memory_cgroup("odpwatch-beyond",
                                                  (mib << 20) // resident) as cg:
