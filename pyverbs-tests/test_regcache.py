@@ -197,7 +197,7 @@ def test_library_exports_only_its_versioned_c_abi():
 
 def test_version_is_the_builds():
     """odpwatch_version() says the project's version from CMake."""
-    cmake = pathlib.Path("/odpwatch/libprovider/CMakeLists.txt").read_text()
+    cmake = pathlib.Path("/odpwatch/CMakeLists.txt").read_text()
     want = re.search(r"project\(odpwatch VERSION ([\d.]+)", cmake)[1]
     lib = ctypes.CDLL(LIBRARY)
     lib.odpwatch_version.restype = ctypes.c_char_p

@@ -21,7 +21,7 @@ run_with_progress "guest: kselftests" "$OUT/guest/selftests-build.log" last_line
 
 log "guest: libprovider (C++20)"
 run_with_progress "guest: libprovider" "$OUT/guest/libprovider-build.log" cmake_percent \
-	run sh -c 'cmake -S /odpwatch/libprovider -B /out/guest/libprovider-build -DCMAKE_INSTALL_PREFIX=/out/guest \
+	run sh -c 'cmake -S /odpwatch -B /out/guest/libprovider-build -DCMAKE_INSTALL_PREFIX=/out/guest \
 		-DODPWATCH_KERNEL_HEADERS=/kernel/build/usr/include >/dev/null &&
 	cmake --build /out/guest/libprovider-build -j'"$(nproc)"' &&
 	cmake --install /out/guest/libprovider-build >/dev/null' ||

@@ -3,8 +3,8 @@
 # names, each with its cover letter, into $OUT/series/NAME/: each patch is
 # applied with git am, each "add" entry commits our own files from the repo.
 # The userspace series go beside it, each checked to apply to its base with
-# git am: $OUT/series/rdma-core/ (libprovider/rdma-core/, Debian's rdma-core)
-# and $OUT/series/libfabric/ (libprovider/libfabric/, libfabric's source).
+# git am: $OUT/series/rdma-core/ (other-projects/rdma-core/, Debian's rdma-core)
+# and $OUT/series/libfabric/ (other-projects/libfabric/, libfabric's source).
 . "$(dirname "$0")/lib.sh"
 
 # The patches go out under a person's name (Developer's Certificate of
@@ -130,20 +130,20 @@ rm -f "$covered" "$covered.all"
 [ -z "$missing" ] || die "files in no 'add' entry of kernel-patches/series: $(echo $missing)"
 
 for project in rdma-core libfabric; do
-	base=$("$TOP/scripts/fetch-$project.sh")
+	base=$("$TOP/other-projects/$project/fetch.sh")
 	pwork=$CACHE/series-export-$project
 	scratch_at_base "$base" "$pwork" series
 	git -C "$pwork" -c user.name="odpwatch developers" -c user.email=odpwatch@localhost \
-		am -q "$TOP/libprovider/$project"/*.patch ||
-		die "the $project series (libprovider/$project/) does not apply to its base with git am"
+		am -q "$TOP/other-projects/$project"/*.patch ||
+		die "the $project series (other-projects/$project/) does not apply to its base with git am"
 	git -C "$pwork" -c user.name="odpwatch developers" -c user.email=odpwatch@localhost \
 		format-patch -q --cover-letter --zero-commit -o "$OUT/series/$project" odpwatch-base..HEAD
 	version=$RDMA_CORE_VERSION
 	[ "$project" = rdma-core ] || version=$LIBFABRIC_VERSION
-	fill_cover "$OUT/series/$project" "$TOP/libprovider/$project/cover-letter.txt" \
+	fill_cover "$OUT/series/$project" "$TOP/other-projects/$project/cover-letter.txt" \
 		"Applies to $project $version (Debian's source)."
 	sign "$OUT/series/$project"/*.patch
-	log "series: $project: cover letter + $(ls "$TOP/libprovider/$project"/*.patch | wc -l) patches in $OUT/series/$project"
+	log "series: $project: cover letter + $(ls "$TOP/other-projects/$project"/*.patch | wc -l) patches in $OUT/series/$project"
 done
 
 # Every exported patch goes out under the one identity: a stored patch with

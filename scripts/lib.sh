@@ -10,9 +10,9 @@ OUT=${ODPWATCH_OUT:-$TOP/out}
 # The tested base: Debian's linux-source-7.3 from trixie-backports.
 BASE_PKG=linux-source-7.3
 BASE_VERSION=${BASE_VERSION:-7.3.4-1~bpo13+1}
-# The rdma-core our series (libprovider/rdma-core/) applies to: trixie's.
+# The rdma-core our series (other-projects/rdma-core/) applies to: trixie's.
 RDMA_CORE_VERSION=56.1-1
-# libfabric: upstream source from Debian's orig tarball (scripts/fetch-libfabric.sh)
+# libfabric: upstream source from Debian's orig tarball (other-projects/libfabric/fetch.sh)
 LIBFABRIC_VERSION=2.1.0
 LIBFABRIC_DEBIAN_VERSION=2.1.0-1.1
 # Guest root filesystem suite.

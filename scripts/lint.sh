@@ -50,7 +50,7 @@ if grep -l '^deleted file mode' "${kernel_patches[@]}" >&2; then
 	rc=1
 fi
 
-mapfile -t files < <(cd "$TOP" && git ls-files 'libprovider/*.cpp' 'libprovider/*.hpp' 'libprovider/*.c' 'libprovider/*.h' \
+mapfile -t files < <(cd "$TOP" && git ls-files 'libprovider/*.cpp' 'libprovider/*.hpp' 'libprovider/*.c' 'libprovider/*.h' 'bench/*.cpp' 'bench/*.hpp' \
 	'middleware/*.cpp' 2>/dev/null)
 if [ ${#files[@]} -gt 0 ]; then
 	if (cd "$TOP" && clang-format --dry-run --Werror "${files[@]}" 2>&1 | head -40 >&2; exit "${PIPESTATUS[0]}"); then
@@ -94,8 +94,8 @@ else
 fi
 # The rdma-core series: it applies with git am, and its man pages are clean.
 rc_src=$CACHE/rdma-core/lint
-scratch_at_base "$("$TOP/scripts/fetch-rdma-core.sh")" "$rc_src" lint
-if git -C "$rc_src" -c user.name=lint -c user.email=lint@localhost am -q "$TOP"/libprovider/rdma-core/*.patch; then
+scratch_at_base "$("$TOP/other-projects/rdma-core/fetch.sh")" "$rc_src" lint
+if git -C "$rc_src" -c user.name=lint -c user.email=lint@localhost am -q "$TOP"/other-projects/rdma-core/*.patch; then
 	mapfile -t rc_pages < <(cd "$rc_src" && git diff --name-only --diff-filter=AM odpwatch-base HEAD -- '*.[0-9]')
 	if out=$(cd "$rc_src" && LC_ALL=C.UTF-8 groff -man -ww -z "${rc_pages[@]}" 2>&1) && [ -z "$out" ]; then
 		log "lint: rdma-core series applies; groff -ww clean on ${#rc_pages[@]} man pages it adds or changes"

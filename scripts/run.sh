@@ -74,11 +74,11 @@ fi
 budgeted rootfs "guest root filesystem" "$TOP/scripts/make-rootfs.sh" >"$OUT/.rootfs-stock"
 stock=$(cat "$OUT/.rootfs-stock")
 # The guest runs our rdma-core, installed over a copy of that rootfs.
-budgeted rdma-core "rdma-core (our series)" "$TOP/scripts/build-rdma-core.sh" "$stock" >"$OUT/.rootfs"
+budgeted rdma-core "rdma-core (our series)" "$TOP/other-projects/rdma-core/build.sh" "$stock" >"$OUT/.rootfs"
 rootfs=$(cat "$OUT/.rootfs")
 budgeted userspace "guest userspace (chroot)" "$TOP/scripts/build-guest.sh" "$rootfs" "$tree" "$build"
 [ "$job" = check-series ] ||
-	budgeted libfabric "libfabric with the memwatch monitor (chroot)" "$TOP/scripts/build-libfabric.sh" "$rootfs" "$tree" "$build"
+	budgeted libfabric "libfabric with the memwatch monitor (chroot)" "$TOP/other-projects/libfabric/build.sh" "$rootfs" "$tree" "$build"
 
 if [ "$job" = check ]; then
 	# What each kernel runs. The debug kernel (KASAN, lockdep, kmemleak, fault

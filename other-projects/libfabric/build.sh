@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # Build libfabric the way upstream does (autogen.sh, configure, make) from
-# Debian's orig tarball with our series applied (libprovider/libfabric/: the
+# Debian's orig tarball with our series applied (other-projects/libfabric/: the
 # memwatch memory monitor), in a chroot of the guest root filesystem, against
 # the built kernel's uAPI headers; and, from the same tree, the fabtests of
 # the MR cache. Installs into $OUT/guest/libfabric, the guest's
 # /out/guest/libfabric, beside Debian's libfabric (which stays the system's:
 # a program gets ours with LD_LIBRARY_PATH=/out/guest/libfabric/lib).
-#   build-libfabric.sh ROOTFS KSRC KBUILD
+#   other-projects/libfabric/build.sh ROOTFS KSRC KBUILD
 # Cached by the series, the root filesystem, the kernel's memwatch uAPI and
 # this script; a changed series rebuilds in $OUT/libfabric.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../../scripts/lib.sh"
 
 rootfs=$1 ksrc=$2 kbuild=$3
-patches=("$TOP"/libprovider/libfabric/*.patch)
+patches=("$TOP"/other-projects/libfabric/*.patch)
 uapi=$kbuild/usr/include
 key=$(key_of "${patches[@]}" "$0" <(basename "$rootfs") "$uapi/linux/memwatch.h" "$uapi/asm/unistd_64.h")
 cached=$CACHE/libfabric/install-$key
@@ -20,7 +20,7 @@ dest=$OUT/guest/libfabric
 fabtests="unit/fi_mr_cache_evict functional/fi_unmap_mem"
 
 if [ ! -f "$cached/.odpwatch-ready" ]; then
-	base=$("$TOP/scripts/fetch-libfabric.sh")
+	base=$("$TOP/other-projects/libfabric/fetch.sh")
 	src=$OUT/libfabric/src
 	mkdir -p "$OUT/libfabric"
 	scratch_at_base "$base" "$src" odpwatch

@@ -19,7 +19,7 @@ std::unique_ptr<CacheUnderTest> make_ucx_rcache(const std::string &device);
 // series, loaded from kNativeLibfabricDir).
 std::unique_ptr<CacheUnderTest> make_libfabric_cache(const std::string &device,
 						     const std::string &monitor);
-// Where scripts/build-libfabric.sh installs that libfabric's libraries,
+// Where other-projects/libfabric/build.sh installs that libfabric's libraries,
 // relative to the directory of our programs (/out/guest/bin).
 inline constexpr const char *kNativeLibfabricDir = "/libfabric/lib";
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Fetch Debian's rdma-core source (trixie), apply Debian's own quilt patches
 # and import the result as a git tree whose one commit is tagged
-# odpwatch-base: the base our rdma-core series (libprovider/rdma-core/)
+# odpwatch-base: the base our rdma-core series (other-projects/rdma-core/)
 # applies to with git am. Prints the tree's path.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../../scripts/lib.sh"
 
 dir=$CACHE/rdma-core/base-$RDMA_CORE_VERSION
 if [ ! -f "$dir/.imported" ]; then

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Build our rdma-core: Debian's rdma-core source with the series of
-# libprovider/rdma-core/ applied by git am, built in a chroot of the guest
+# other-projects/rdma-core/ applied by git am, built in a chroot of the guest
 # root filesystem with Debian's own configuration, then installed over a
 # copy of that root filesystem, in place of Debian's packages' files.
 # Prints the path of that root filesystem (the base one stays untouched:
 # the guest reaches it at /stock to run Debian's own rdma-core beside ours).
-#   build-rdma-core.sh ROOTFS
+#   other-projects/rdma-core/build.sh ROOTFS
 # Cached by the series, the base rootfs and this script: an unchanged series
 # costs nothing; a changed one rebuilds incrementally in $OUT/rdma-core.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../../scripts/lib.sh"
 
 rootfs=$1
-series_dir=$TOP/libprovider/rdma-core
+series_dir=$TOP/other-projects/rdma-core
 patches=("$series_dir"/*.patch)
 key=$(key_of "${patches[@]}" "$0" <(basename "$rootfs"))
 root=$CACHE/rootfs/$(basename "$rootfs")+rdma-core-$key
@@ -20,7 +20,7 @@ if [ -f "$root/.odpwatch-ready" ]; then
 	exit 0
 fi
 
-base=$("$TOP/scripts/fetch-rdma-core.sh")
+base=$("$TOP/other-projects/rdma-core/fetch.sh")
 src=$OUT/rdma-core/src build=$OUT/rdma-core/build dest=$OUT/rdma-core/root
 mkdir -p "$OUT/rdma-core"
 # Same source files with unchanged contents keep their timestamps: git

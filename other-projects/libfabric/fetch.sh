@@ -2,9 +2,9 @@
 # Fetch libfabric's upstream source as Debian's archive carries it (the orig
 # tarball of trixie's libfabric, a plain export of the upstream release) and
 # import it as a git tree whose one commit is tagged odpwatch-base: the base
-# our libfabric series (libprovider/libfabric/) applies to with git am.
+# our libfabric series (other-projects/libfabric/) applies to with git am.
 # Prints the tree's path.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../../scripts/lib.sh"
 
 version=$LIBFABRIC_VERSION
 dir=$CACHE/libfabric/base-$version
