@@ -25,20 +25,40 @@ die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
 # stage NAME CMD...: run CMD, print its name before and its duration after.
 # STAGE_BUDGET (seconds, for this call only) is the stage's time budget: a
-# stage over it says so loudly (it still counts as done; the CI total holds).
+# stage over it says so loudly, and stage_table lists it at the end of the
+# run. Every stage is recorded in $OUT/.stages (the run's ledger: depth,
+# name, seconds, budget, exit status); $OUT/.stage-now.LANE names the stages
+# in progress (a lane: make check's production or debug half, which run side
+# by side), so a run stopped at its hard limit can say where it was.
 stage() {
-	local name=$1 t0 rc=0 took budget=${STAGE_BUDGET:-}
+	local name=$1 t0 rc=0 took budget=${STAGE_BUDGET:-} depth=${ODPWATCH_STAGE_DEPTH:-0}
 	shift
 	t0=$(date +%s)
 	log "==> $name${budget:+ (budget ${budget}s)}"
-	"$@" || rc=$?
+	local now=$OUT/.stage-now.${ODPWATCH_LANE:-main}
+	printf '%s\t%s\t%s\n' "$depth" "$t0" "$name" >>"$now"
+	ODPWATCH_STAGE_DEPTH=$((depth + 1)) "$@" || rc=$?
 	took=$(($(date +%s) - t0))
 	log "<== $name: ${took}s$([ $rc -eq 0 ] || echo ", FAILED (exit $rc)")"
 	if [ -n "$budget" ] && [ "$took" -gt "$budget" ]; then
 		log "!!! OVER BUDGET: stage '$name' took ${took}s, its budget is ${budget}s"
-		echo "$name: ${took}s > ${budget}s" >>"$OUT/.over-budget"
 	fi
+	printf '%s\t%s\t%s\t%s\t%s\n' "$depth" "$name" "$took" "${budget:--}" "$rc" >>"$OUT/.stages"
+	sed -i "/^$depth\t$t0\t/d" "$now" 2>/dev/null || true
 	return $rc
+}
+
+# stage_table: the run's stages from the ledger, slowest first (nested ones
+# indented under nothing: each line stands alone), then those over budget.
+stage_table() {
+	[ -s "$OUT/.stages" ] || return 0
+	log "--- stages, slowest first (seconds, budget):"
+	sort -t "$(printf '\t')" -k3,3nr "$OUT/.stages" | awk -F '\t' '
+		{ printf "%6ds  %-6s %s%s%s\n", $3, $4, substr("        ", 1, 2 * $1), $2, $5 == 0 ? "" : "  (FAILED)" }' >&2
+	awk -F '\t' '$4 != "-" && $3 > $4 { printf "!!! stage over budget: %s: %ds > %ds\n", $2, $3, $4 }' \
+		"$OUT/.stages" >&2
+	cat "$OUT"/.stage-now.* 2>/dev/null | awk -F '\t' -v now="$(date +%s)" \
+		'{ printf "!!! stage still running: %s: %ds so far\n", $3, now - $2 }' >&2
 }
 
 # run_with_progress LABEL LOG SUMMARY CMD...: run CMD with its output in LOG;
@@ -186,3 +206,46 @@ remove_stale_tmp() {
 
 # Short content hash of files or strings, for cache keys.
 key_of() { cat "$@" | sha256sum | cut -c1-12; }
+
+# background_kernel TREE VARIANT: build VARIANT's kernel of TREE in the
+# background at idle priority (SCHED_IDLE), logging to $OUT/.kernel-VARIANT.log;
+# its PID in $OUT/.kernel-VARIANT.pid. wait_background_kernel VARIANT waits for
+# it (with progress) before the foreground build of that variant, which then
+# finds it done, or does what is left and reports any error itself.
+background_kernel() {
+	local tree=$1 variant=$2
+	chrt --idle 0 nice -n 19 "$TOP/scripts/build-kernel.sh" "$tree" "$(dirname "$tree")/build-$variant" "$variant" \
+		>"$OUT/.kernel-$variant.log" 2>&1 </dev/null &
+	echo $! >"$OUT/.kernel-$variant.pid"
+	log "kernel: the $variant kernel builds in the background at idle priority (pid $!, log $OUT/.kernel-$variant.log)"
+}
+wait_background_kernel() {
+	local pidf=$OUT/.kernel-$1.pid pid t0 last now
+	[ -f "$pidf" ] || return 0
+	pid=$(cat "$pidf")
+	# Only our build: a PID reused by another process is not waited for.
+	tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q build-kernel.sh || { rm -f "$pidf"; return 0; }
+	t0=$(date +%s) last=$t0
+	log "kernel: waiting for the $1 kernel's background build (pid $pid)"
+	while kill -0 "$pid" 2>/dev/null; do
+		sleep 2
+		now=$(date +%s)
+		if [ $((now - last)) -ge "${PROGRESS_INTERVAL:-50}" ]; then
+			last=$now
+			log "kernel: background build ($1): waited $((now - t0))s, $(last_line "$OUT/.kernel-$1.log")"
+		fi
+	done
+	rm -f "$pidf"
+	log "kernel: the $1 kernel's background build ended after $(($(date +%s) - t0))s of waiting"
+}
+# stop_background_kernel VARIANT: a run that ends early stops the build it started.
+stop_background_kernel() {
+	local pidf=$OUT/.kernel-$1.pid pid
+	[ -f "$pidf" ] || return 0
+	pid=$(cat "$pidf")
+	if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q build-kernel.sh; then
+		log "stopping the $1 kernel's background build (pid $pid)"
+		kill_tree "$pid"
+	fi
+	rm -f "$pidf"
+}

@@ -14,7 +14,13 @@ job=$1 variant=${2:-std}
 export ODPWATCH_LEADER=${ODPWATCH_LEADER:-$PPID}
 t0=$(date +%s)
 rc=0
-rm -f "$OUT/.over-budget"
+# The ledger of stages (lib.sh stage) belongs to the outermost run: make
+# check's two kernels write one ledger, which check.sh prints at the end.
+if [ -z "${ODPWATCH_LEDGER:-}" ]; then
+	export ODPWATCH_LEDGER=$$
+	: >"$OUT/.stages"
+	rm -f "$OUT"/.stage-now.*
+fi
 
 # Stage budgets (seconds) of a fresh run on 2 cores, as measured and written
 # in README: a stage over its budget says so loudly. The guest run's own
@@ -30,7 +36,7 @@ two_guests() {
 	mkdir -p "$OUT/$dir/$3/node0" "$OUT/$dir/$3/node1"
 	printf '%s\n' "$4" >"$OUT/$dir/$3/node0/cmd.sh"
 	printf '%s\n' "$5" >"$OUT/$dir/$3/node1/cmd.sh"
-	budgeted "$1" "$2" "$TOP/scripts/run-cluster.sh" "$dir/$3" "$(cat "$OUT/.bzimage")" "$rootfs"
+	budgeted "$1" "$2" "$TOP/scripts/run-cluster.sh" "$dir/$3" "$kernel" "$rootfs"
 }
 
 # This run's results only: the job directory starts empty, so a file left
@@ -50,14 +56,29 @@ if [ "$job" = bench ]; then
 		git -C "$TOP" log -1 --format=%s
 	} >"$OUT/$dir/commit"
 fi
-if [ "$job" = check ]; then
+# make check's debug lane (ODPWATCH_REUSE=1, set by check.sh) starts once
+# the production lane has built everything but the debug kernel, and boots
+# beside that lane's guests: it reuses the tree, root filesystem and guest
+# userspace, which the production lane's stages made and logged.
+reuse=${ODPWATCH_REUSE:-0}
+if [ "$job" = check ] && [ "$reuse" = 0 ]; then
 	stage "harness self-test" python3 -m unittest discover -s "$TOP/scripts/tests" -q || rc=1
 fi
-budgeted host "host packages" "$TOP/scripts/install-host-deps.sh" "$job"
-budgeted materialise "materialise kernel tree" "$TOP/scripts/materialise.sh" >"$OUT/.tree"
+if [ "$reuse" = 0 ]; then
+	budgeted host "host packages" "$TOP/scripts/install-host-deps.sh" "$job"
+	budgeted materialise "materialise kernel tree" "$TOP/scripts/materialise.sh" >"$OUT/.tree"
+fi
 tree=$(cat "$OUT/.tree")
 build=$(dirname "$tree")/build-$variant
-budgeted "kernel-$variant" "kernel build ($variant)" "$TOP/scripts/build-kernel.sh" "$tree" "$build" "$variant" >"$OUT/.bzimage"
+# make check builds the debug kernel while the production kernel's run goes
+# on (ODPWATCH_BACKGROUND_KERNEL=debug, set by check.sh), at idle priority:
+# it takes only the CPU time that stages and guests leave unused.
+if [ -n "${ODPWATCH_BACKGROUND_KERNEL:-}" ] && [ "$ODPWATCH_BACKGROUND_KERNEL" != "$variant" ]; then
+	background_kernel "$tree" "$ODPWATCH_BACKGROUND_KERNEL"
+fi
+wait_background_kernel "$variant"
+budgeted "kernel-$variant" "kernel build ($variant)" "$TOP/scripts/build-kernel.sh" "$tree" "$build" "$variant" >"$OUT/.bzimage-$variant"
+kernel=$(cat "$OUT/.bzimage-$variant")
 if [ "$job" = check-series ]; then
 	# Each series applies and yields this tree; the rdma fixes are built on
 	# the vanilla base, whose kernel and the one with the fixes are booted below.
@@ -71,14 +92,27 @@ if [ "$job" = check ] && [ "$variant" = std ]; then
 	# memwatch must build on 32-bit architectures too (i386 tinyconfig).
 	budgeted i386 "i386 build" "$TOP/scripts/build-32bit.sh" "$tree" "$(dirname "$tree")/build-i386" || rc=1
 fi
-budgeted rootfs "guest root filesystem" "$TOP/scripts/make-rootfs.sh" >"$OUT/.rootfs-stock"
+if [ "$reuse" = 0 ]; then
+	budgeted rootfs "guest root filesystem" "$TOP/scripts/make-rootfs.sh" >"$OUT/.rootfs-stock"
+	# The guest runs our rdma-core, installed over a copy of that rootfs.
+	budgeted rdma-core "rdma-core (our series)" "$TOP/other-projects/rdma-core/build.sh" "$(cat "$OUT/.rootfs-stock")" >"$OUT/.rootfs"
+fi
 stock=$(cat "$OUT/.rootfs-stock")
-# The guest runs our rdma-core, installed over a copy of that rootfs.
-budgeted rdma-core "rdma-core (our series)" "$TOP/other-projects/rdma-core/build.sh" "$stock" >"$OUT/.rootfs"
 rootfs=$(cat "$OUT/.rootfs")
-budgeted userspace "guest userspace (chroot)" "$TOP/scripts/build-guest.sh" "$rootfs" "$tree" "$build"
-[ "$job" = check-series ] ||
-	budgeted libfabric "libfabric with the memwatch monitor (chroot)" "$TOP/other-projects/libfabric/build.sh" "$rootfs" "$tree" "$build"
+if [ "$reuse" = 0 ]; then
+	budgeted userspace "guest userspace (chroot)" "$TOP/scripts/build-guest.sh" "$rootfs" "$tree" "$build"
+	[ "$job" = check-series ] ||
+		budgeted libfabric "libfabric with the memwatch monitor (chroot)" "$TOP/other-projects/libfabric/build.sh" "$rootfs" "$tree" "$build"
+	# What the debug lane waits for (check.sh): everything it reuses is built.
+	echo "$build" >"$OUT/.userspace-ready"
+else
+	# The userspace was built against the production kernel's uAPI headers;
+	# the kernel's config does not change them, and this checks it.
+	built=$(cat "$OUT/.userspace-ready")
+	diff -rq "$built/usr/include" "$build/usr/include" >&2 ||
+		die "the $variant kernel's uAPI headers differ from those the guest userspace was built with ($built)"
+	log "guest userspace: the production lane's, built with the same uAPI headers"
+fi
 
 if [ "$job" = check ]; then
 	# What each kernel runs. The debug kernel (KASAN, lockdep, kmemleak, fault
@@ -125,9 +159,9 @@ if [ "$job" = check-series ]; then
 			"$TOP/scripts/run-vm.sh" vm "$dir/rdma-fixes/$kind" "$OUT/rdma-fixes/$kind.bzImage" "$rootfs" || true
 	done
 elif [ "$job" = cluster ]; then
-	budgeted "cluster" "boot two guests on a wire, run a command on each" "$TOP/scripts/run-cluster.sh" "$dir" "$(cat "$OUT/.bzimage")" "$rootfs" || vmrc=$?
+	budgeted "cluster" "boot two guests on a wire, run a command on each" "$TOP/scripts/run-cluster.sh" "$dir" "$kernel" "$rootfs" || vmrc=$?
 else
-	budgeted "guest-$job-$variant" "boot and run '$job' in the guest" "$TOP/scripts/run-vm.sh" "$job" "$dir" "$(cat "$OUT/.bzimage")" "$rootfs" "$stock" || vmrc=$?
+	budgeted "guest-$job-$variant" "boot and run '$job' in the guest" "$TOP/scripts/run-vm.sh" "$job" "$dir" "$kernel" "$rootfs" "$stock" || vmrc=$?
 fi
 [ $vmrc = 0 ] || rc=$vmrc
 if [ "$job" = check ] && [ "$variant" = std ]; then
@@ -179,6 +213,7 @@ cluster)
 	;;
 esac
 log "total: $(($(date +%s) - t0))s"
+[ "$ODPWATCH_LEDGER" != $$ ] || stage_table
 # The results' closing line stays last for check: print it again after the timings.
 case $job in check | check-series) [ -f "$OUT/$dir/results.json" ] ;; *) false ;; esac &&
 	python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print("%(passed)d passed, %(failed)d failed, %(skipped)d skipped" % r)' "$OUT/$dir/results.json"
