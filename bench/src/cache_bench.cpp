@@ -241,7 +241,11 @@ void run_peer(Report &rep, const Options &o, const char *peer)
 			   " is not installed (built only where UCX and libfabric are).");
 		return;
 	}
-	std::vector<std::string> args = {exe, peer, "--reps", std::to_string(o.reps)};
+	// Bounded like every program a bench waits for: a hung peer is killed
+	// (timeout exits 124) and named in the report, the bench goes on.
+	constexpr int kPeerSeconds = 3600;
+	std::vector<std::string> args = {"timeout", "-k", "10", std::to_string(kPeerSeconds), exe};
+	args.insert(args.end(), {peer, "--reps", std::to_string(o.reps)});
 	if (o.quick)
 		args.push_back("--quick");
 	if (!o.device.empty())
@@ -258,6 +262,9 @@ void run_peer(Report &rep, const Options &o, const char *peer)
 		rep.remark("Peer " + std::string(peer) + " did not finish (" +
 			   (WIFSIGNALED(status)
 				    ? std::string("killed by ") + strsignal(WTERMSIG(status))
+			    : WEXITSTATUS(status) == 124
+				    ? "still running after " + std::to_string(kPeerSeconds) +
+					      " s: killed"
 				    : "exit status " + std::to_string(WEXITSTATUS(status))) +
 			   "); its rows, if any, are what it measured before.");
 }

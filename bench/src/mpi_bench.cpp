@@ -61,7 +61,7 @@ std::map<size_t, double> npmpi(const std::string &hosts, const std::string &dev,
 			   std::to_string(upper), "-p", "0"});
 	unlink(file.c_str());
 	int fd = -1;
-	Exit e = wait_for(spawn(a, &fd, true), fd);
+	Exit e = wait_for(spawn(a, &fd, true), fd, "NPopenmpi over " + hosts, 1200);
 	std::map<size_t, double> curve;
 	std::ifstream in(file);
 	size_t bytes = 0;

@@ -14,11 +14,15 @@ namespace odpwatch::bench
 namespace
 {
 
-Exit run(std::vector<std::string> argv)
+// A perftest run is seconds long under TCG; a pair that never met (a client
+// that could not connect, a server whose client died) is stopped here.
+constexpr int kPerftestSeconds = 600;
+
+Exit run(std::vector<std::string> argv, const std::string &what)
 {
 	int fd = -1;
 	pid_t pid = spawn(std::move(argv), &fd, true);
-	return wait_for(pid, fd);
+	return wait_for(pid, fd, what, kPerftestSeconds);
 }
 
 // The numbers of the result line, which follows the "#bytes" header.
@@ -55,8 +59,10 @@ std::string perftest_run(const std::string &tool, const std::vector<std::string>
 		// The server needs a moment to listen; perftest's client does not retry.
 		std::this_thread::sleep_for(std::chrono::seconds(1));
 		argv.push_back("127.0.0.1");
-		Exit client = run(argv);
-		Exit s = wait_for(server, sfd);
+		Exit client = run(argv, tool + " client on 127.0.0.1");
+		// A client that failed leaves its server waiting for a connection.
+		Exit s =
+			client.ok ? wait_for(server, sfd, tool + " server", 60) : stop(server, sfd);
 		if (!client.ok || !s.ok)
 			throw verbs::Error(tool + " failed; its output:\n" + client.out + s.out,
 					   EIO);
@@ -64,7 +70,7 @@ std::string perftest_run(const std::string &tool, const std::vector<std::string>
 	}
 	argv.push_back(peer);
 	for (int tries = 0;; tries++) {
-		Exit client = run(argv);
+		Exit client = run(argv, tool + " client against " + peer);
 		if (client.ok)
 			return client.out;
 		// Not listening yet: the other node is still finishing its last run.
@@ -79,7 +85,7 @@ std::string perftest_serve(const std::string &tool, const std::vector<std::strin
 {
 	std::vector<std::string> argv = {tool};
 	argv.insert(argv.end(), args.begin(), args.end());
-	Exit server = run(argv);
+	Exit server = run(argv, tool + " server (waiting for its client on the other node)");
 	if (!server.ok)
 		throw verbs::Error(tool + " server failed:\n" + server.out, EIO);
 	return server.out;

@@ -4,10 +4,16 @@
 #include "verbs.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <thread>
 
 namespace odpwatch::bench
 {
@@ -51,12 +57,57 @@ std::string read_all(int fd)
 	return s;
 }
 
-Exit wait_for(pid_t pid, int fd)
+Exit wait_for(pid_t pid, int fd, const std::string &what, int seconds)
 {
-	std::string out = read_all(fd);
+	using clock = std::chrono::steady_clock;
+	const auto deadline = clock::now() + std::chrono::seconds(seconds);
+	std::string s;
+	char buf[4096];
+	bool late = false;
+	for (;;) {
+		auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+										  clock::now());
+		if (left.count() <= 0) {
+			late = true;
+			break;
+		}
+		pollfd p = {fd, POLLIN, 0};
+		int n = poll(&p, 1, int(std::min<long long>(left.count(), 1000)));
+		if (n < 0 && errno != EINTR)
+			break;
+		if (n <= 0)
+			continue;
+		ssize_t got = read(fd, buf, sizeof(buf));
+		if (got <= 0)
+			break;
+		s.append(buf, size_t(got));
+	}
+	close(fd);
 	int st = 0;
-	waitpid(pid, &st, 0);
-	return {out, WIFEXITED(st) && !WEXITSTATUS(st)};
+	// The output closed, yet the program may linger: its exit is bounded too.
+	while (!late && waitpid(pid, &st, WNOHANG) == 0) {
+		if (clock::now() >= deadline)
+			late = true;
+		else
+			std::this_thread::sleep_for(std::chrono::milliseconds(50));
+	}
+	if (late) {
+		kill(pid, SIGKILL);
+		waitpid(pid, &st, 0);
+		s += "\n[odpwatch bench: " + what + " did not finish within " +
+		     std::to_string(seconds) + " s: killed]\n";
+		std::fprintf(stderr, "odpwatch bench: %s did not finish within %d s: killed\n",
+			     what.c_str(), seconds);
+		return {s, false};
+	}
+	return {s, WIFEXITED(st) && !WEXITSTATUS(st)};
+}
+
+Exit stop(pid_t pid, int fd)
+{
+	kill(pid, SIGKILL);
+	return {read_all(fd) + "\n[odpwatch bench: stopped, its peer had failed]\n",
+		waitpid(pid, nullptr, 0) < 0};
 }
 
 } // namespace odpwatch::bench

@@ -26,7 +26,12 @@ struct Exit {
 };
 
 // Reads the output of @pid (spawned with *out_fd = @fd) to its end and
-// reaps it.
-Exit wait_for(pid_t pid, int fd);
+// reaps it. Nothing waits for ever: past @seconds the program is killed,
+// and its output ends with a line naming @what and the limit (ok false).
+Exit wait_for(pid_t pid, int fd, const std::string &what, int seconds = 900);
+
+// Kills @pid (a server whose client failed, so it would wait for ever),
+// reads what it printed and reaps it; ok is false.
+Exit stop(pid_t pid, int fd);
 
 } // namespace odpwatch::bench

@@ -70,7 +70,7 @@ Exit run_client(const std::vector<std::string> &argv, int tries)
 		std::this_thread::sleep_for(std::chrono::milliseconds(i ? 500 : 300));
 		int fd = -1;
 		pid_t pid = spawn(argv, &fd, true);
-		Exit c = wait_for(pid, fd);
+		Exit c = wait_for(pid, fd, "ucx_perftest client", 600);
 		if (c.ok || c.out.find("connect") == std::string::npos || i == tries)
 			return c;
 	}
@@ -92,7 +92,8 @@ std::string perftest(const Transport &t, const std::string &test, size_t size, u
 	client.insert(client.end(), {"127.0.0.1", "-t", test, "-s", std::to_string(size), "-n",
 				     std::to_string(iters)});
 	Exit c = run_client(client, 40);
-	Exit s = wait_for(server, sfd);
+	// A client that failed leaves its server waiting for a connection.
+	Exit s = c.ok ? wait_for(server, sfd, "ucx_perftest server", 60) : stop(server, sfd);
 	if (!c.ok || !s.ok)
 		throw verbs::Error("ucx_perftest -t " + test + " (" + t.name +
 					   ") failed; client:\n" + c.out + "\nserver:\n" + s.out,
@@ -209,7 +210,8 @@ int ucx_wire_bench(const Options &o, const std::string &dev, const std::string &
 	if (serve) {
 		for (size_t i = 0; i < runs.size(); i++) {
 			int fd = -1;
-			Exit s = wait_for(spawn(argv_of(runs[i], i), &fd, true), fd);
+			Exit s = wait_for(spawn(argv_of(runs[i], i), &fd, true), fd,
+					  "ucx_perftest server (waiting for the other node)", 900);
 			if (!s.ok)
 				throw verbs::Error("ucx_perftest server failed:\n" + s.out, EIO);
 			std::fprintf(stderr, "ucx wire: served %zu/%zu\n", i + 1, runs.size());
