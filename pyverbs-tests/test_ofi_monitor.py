@@ -4,7 +4,7 @@ it can run: memhooks, userfaultfd, disabled, memwatch imported through
 libfabric's public API into Debian's libfabric (libodpwatch-ofi, by a call or
 by LD_PRELOAD of libodpwatch-ofi-preload.so), and memwatch built into
 libfabric (FI_MR_CACHE_MONITOR=memwatch: Debian's libfabric 2.1.0 source with
-the series of libprovider/libfabric/, in /out/guest/libfabric).
+the series of other-projects/libfabric/, in /out/guest/libfabric).
 ofi-mr-cache-test (libprovider/tests/ofi_mr_cache_test.cpp) registers a buffer
 with fi_mr_reg, replaces its pages, registers again: the first registration's
 key back means the cache handed out the old pages' registration (stale).
@@ -96,6 +96,20 @@ def test_the_same_buffer_again_is_a_hit(monitor):
             assert memwatch_stats(out)["hits"] >= N, out
 
 
+@pytest.mark.parametrize("monitor", [m for m in MONITORS if m.startswith("memwatch")])
+def test_a_late_record_does_not_flush_the_new_region(monitor):
+    """The record of an unmapped region, read after that region was
+    uncached and a new one registered at its address (the event thread made
+    late: one CPU, SCHED_FIFO, see ofi_mr_cache_test.cpp), must not flush the
+    newcomer, which nobody changed: every second registration is a hit. At
+    5fb8815 every memwatch monitor flushed by the record's range: 1 hit of
+    20 (only the first iteration, which follows no munmap)."""
+    out = run("reuse-late-records", monitor)
+    r = result(out)
+    assert r["monitor"] == "memwatch", out
+    assert r["hits"] == N, out
+
+
 # Stale registrations per way of replacing the buffer, as measured: memhooks
 # patches libc's munmap and madvise, so raw system calls pass it by every time.
 STALE = {("syscall-munmap", "memhooks"): N}
@@ -151,6 +165,21 @@ def test_fork_child_caches_nothing_parent_keeps_caching():
     assert child and parent and after, out
     assert (int(child[1]), int(child[2]) > 0) == (0, True), out
     assert (int(parent[1]), int(parent[2]), int(after[1])) == (1, 0, 1), out
+
+
+@pytest.mark.parametrize("monitor", ["memwatch", "memwatch-native"])
+def test_a_fork_child_closing_the_inherited_domain(monitor):
+    """A child of fork() that closes the domain it inherited stops the
+    monitor in the child: it must exit, not wait for the parent's event
+    thread, and the parent's event thread must live on (an munmap after the
+    child is gone is read). At 5fb8815 the imported monitor's stop() woke the
+    parent's thread through the shared eventfd (ending it) and joined it in
+    the child, which hangs: child-exit=142 (its 30 s alarm), parent-events=0."""
+    out = run("fork-close", monitor)
+    m = re.search(r"^result fork-close child-exit=(\d+) parent-events=(\d+)$", out, re.M)
+    assert m, out
+    assert int(m[1]) == 0, out
+    assert int(m[2]) > 0, out
 
 
 def test_native_monitor_fork_child_caches_nothing_parent_keeps_caching():

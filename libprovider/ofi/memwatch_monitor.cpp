@@ -180,6 +180,10 @@ private:
 		MemwatchMonitor &m = of(f);
 		if (!m.running_)
 			return;
+		if (m.foreign()) {
+			m.forget_parent();
+			return;
+		}
 		const uint64_t one = 1;
 		if (write(m.wake_fd_, &one, sizeof(one)) < 0)
 			std::perror("odpwatch-ofi: waking the event thread");
@@ -188,8 +192,27 @@ private:
 		m.wake_fd_ = -1;
 		std::lock_guard lock(m.mu_);
 		m.regions_.clear();
+		m.by_id_.clear();
 		m.mw_.reset();
 		m.running_ = false;
+	}
+
+	// stop() in a child of fork() that closed what it inherited: the event
+	// thread and the other end of the wake-up eventfd are the parent's (a
+	// wake-up would end the parent's thread, a join would wait for ever).
+	// Drop the child's copies and take the child as the owner: a cache
+	// it opens later starts a monitor of its own.
+	void forget_parent()
+	{
+		thread_.detach();
+		::close(wake_fd_);
+		wake_fd_ = -1;
+		std::lock_guard lock(mu_);
+		regions_.clear();
+		by_id_.clear();
+		mw_.reset();
+		running_ = false;
+		fork_generation_ = odpwatch::fork_generation();
 	}
 
 	// The page-aligned range memwatch watches for [addr, addr + len).
@@ -217,7 +240,9 @@ private:
 		}
 		try {
 			auto [start, plen] = pages(addr, len);
-			m.regions_.emplace(k, Region{m.mw_->add(start, plen, k.first), 1});
+			Memwatch::Watch w = m.mw_->add(start, plen, k.first);
+			m.by_id_[w.id] = k;
+			m.regions_.emplace(k, Region{w, 1});
 		} catch (const odpwatch::verbs::Error &e) {
 			m.refused_++;
 			return -e.err();
@@ -245,6 +270,7 @@ private:
 				// The range is gone with its watch already.
 			}
 		}
+		m.by_id_.erase(it->second.watch.id);
 		m.regions_.erase(it);
 	}
 
@@ -269,6 +295,22 @@ private:
 		fid_.import_ops->notify(&fid_, reinterpret_cast<void *>(start), end - start);
 	}
 
+	// Whether an event is news for a region libfabric still caches: its
+	// watch is live and its word changed. A record can outlive its watch:
+	// the entry was uncached (valid() said stale) and its id given to the
+	// watch of a new entry at the same address before this thread read the
+	// record; flushing by the record's range would drop that new entry,
+	// unchanged. Checking the word costs a miss at worst, never a stale hit.
+	bool changed(uint32_t id)
+	{
+		std::lock_guard lock(mu_);
+		auto it = by_id_.find(id);
+		if (it == by_id_.end())
+			return false;
+		auto r = regions_.find(it->second);
+		return r != regions_.end() && !mw_->valid(r->second.watch);
+	}
+
 	// Events name the changed sub-range: libfabric flushes the entries
 	// overlapping it. Lost events (a full queue) lose no change, the words
 	// keep it: then every region is checked.
@@ -287,7 +329,8 @@ private:
 			try {
 				while (auto ev = mw_->next_event()) {
 					events_++;
-					notify(ev->start, ev->end);
+					if (changed(ev->id))
+						notify(ev->start, ev->end);
 				}
 				if (mw_->overflowed()) {
 					mw_->clear_overflow();
@@ -316,7 +359,9 @@ private:
 
 	static constexpr std::chrono::milliseconds kCoalesce{1};
 
-	const uint64_t fork_generation_ = odpwatch::fork_generation();
+	// The process the monitor belongs to; a fork child takes it over in
+	// forget_parent() (start and stop come from libfabric one at a time).
+	std::atomic<uint64_t> fork_generation_{odpwatch::fork_generation()};
 	std::mutex import_mu_;
 	bool imported_ = false;
 	fid_mem_monitor fid_{};
@@ -330,8 +375,9 @@ private:
 	};
 
 	std::mutex notify_mu_; // held across notify: fork waits for it
-	std::mutex mu_;	       // regions_
+	std::mutex mu_;	       // regions_, by_id_
 	std::unordered_map<Key, Region, KeyHash> regions_;
+	std::unordered_map<uint32_t, Key> by_id_; // the region of each live watch
 	std::unique_ptr<Memwatch> mw_;
 	std::thread thread_;
 	int wake_fd_ = -1;

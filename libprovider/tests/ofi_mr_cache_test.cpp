@@ -11,15 +11,25 @@
 // the old pages' bytes.
 // Prints "result CASE MONITOR stale=S hits=H iterations=N"; exits 0 when it
 // could measure, whatever it measured (pytest judges the numbers).
+// CASE reuse-late-records: reuse, with the monitor's event thread late: the
+// process runs on one CPU under SCHED_FIFO, so that thread reads the record
+// of the last iteration's munmap only when this one sleeps, between its two
+// registrations, after the first has replaced the stale entry with a new one
+// at the same address. A monitor that acts on a record whose region is gone
+// flushes the newcomer, and the second registration misses.
 // CASE fork: after a hit in the parent, a child of fork() opens its own
 // domain; the memwatch monitor refuses its regions (the descriptor is the
 // parent's), so the child registers uncached: "result fork ... hits=" counts
 // the child's hits, "refused=" the child's refused subscribes.
+// CASE fork-close: a child closes the domain it inherited (see
+// fork_close_case()).
 #include <odpwatch/ofi_monitor.h>
 
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_errno.h>
+#include <sched.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -95,6 +105,12 @@ public:
 		return Fid<fid_mr>(mr);
 	}
 	const char *device() const { return info_->domain_attr->name; }
+	// Closes the domain (its MR cache, and the monitor with the last cache).
+	void close()
+	{
+		domain_.reset();
+		fabric_.reset();
+	}
 
 private:
 	std::unique_ptr<fi_info, InfoFree> info_;
@@ -117,7 +133,9 @@ void *map_at(void *at, bool raw)
 // How each case replaces the buffer (or not) between two registrations.
 const std::map<std::string_view, std::function<void(void *)>> kCases = {
 	{"reuse", [](void *) {}},
+	{"reuse-late-records", [](void *) { usleep(200 * 1000); }},
 	{"fork", [](void *) {}},
+	{"fork-close", [](void *) {}},
 	{"munmap",
 	 [](void *p) {
 		 munmap(p, kLen);
@@ -179,6 +197,46 @@ int fork_case(Domain &d)
 	return 0;
 }
 
+// CASE fork-close: a child of fork() closes the domain it inherited, which
+// stops the monitor in the child; it must exit (within 30 s), and the
+// parent's monitor must go on reading events: an munmap of a cached region
+// after the child is gone is counted ("events=" grows).
+int fork_close_case(Domain &d)
+{
+	hit_twice(d);
+	std::fflush(stdout);
+	pid_t pid = fork();
+	if (pid < 0)
+		throw std::runtime_error("fork");
+	if (pid == 0) {
+		alarm(30);
+		d.close();
+		_exit(0);
+	}
+	int st = 0, waited = 0;
+	while (waitpid(pid, &st, WNOHANG) == 0 && waited++ < 600)
+		usleep(100 * 1000);
+	if (waited > 600) {
+		kill(pid, SIGKILL);
+		waitpid(pid, &st, 0);
+	}
+	odpwatch_ofi_stats before{}, after{};
+	odpwatch_ofi_monitor_stats(&before);
+	void *p = map_at(kAt, false);
+	d.reg(p).reset();
+	munmap(p, kLen);
+	for (int i = 0; i < 50; i++) {
+		usleep(100 * 1000);
+		odpwatch_ofi_monitor_stats(&after);
+		if (after.events > before.events)
+			break;
+	}
+	std::printf("result fork-close child-exit=%d parent-events=%lu\n",
+		    WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st),
+		    (unsigned long)(after.events - before.events));
+	return 0;
+}
+
 } // namespace
 
 int main(int argc, char **argv)
@@ -196,13 +254,28 @@ int main(int argc, char **argv)
 			which = a;
 		} else {
 			std::fprintf(stderr, "usage: ofi-mr-cache-test [--import] [--iterations N] "
-					     "reuse|munmap|syscall-munmap|madvise|fork\n");
+					     "reuse|reuse-late-records|munmap|syscall-munmap|"
+					     "madvise|fork|fork-close\n");
 			return 2;
 		}
 	}
 	if (which.empty() || iterations < 1) {
 		std::fprintf(stderr, "ofi-mr-cache-test: a case and iterations >= 1, please\n");
 		return 2;
+	}
+	if (which == "reuse-late-records") {
+		// Before libfabric starts the monitor's thread, which inherits both.
+		cpu_set_t one;
+		CPU_ZERO(&one);
+		CPU_SET(sched_getcpu(), &one);
+		sched_param prio{};
+		prio.sched_priority = 1;
+		if (sched_setaffinity(0, sizeof(one), &one) ||
+		    sched_setscheduler(0, SCHED_FIFO, &prio)) {
+			std::fprintf(stderr, "ofi-mr-cache-test: one CPU, SCHED_FIFO: %s\n",
+				     std::strerror(errno));
+			return 1;
+		}
 	}
 	if (import) {
 		if (int rc = odpwatch_ofi_monitor_import()) {
@@ -215,6 +288,8 @@ int main(int argc, char **argv)
 		Domain d;
 		if (which == "fork")
 			return fork_case(d);
+		if (which == "fork-close")
+			return fork_close_case(d);
 		int stale = 0, hits = 0;
 		for (int i = 0; i < iterations; i++) {
 			// The first registration stays open until the second is made,
@@ -225,7 +300,7 @@ int main(int argc, char **argv)
 			kCases.at(which)(p);
 			auto second = d.reg(p);
 			if (fi_mr_key(second.get()) == fi_mr_key(first.get()))
-				(which == "reuse" ? hits : stale)++;
+				(which.starts_with("reuse") ? hits : stale)++;
 			second.reset();
 			first.reset();
 			munmap(p, kLen);
