@@ -171,15 +171,18 @@ def test_fork_child_caches_nothing_parent_keeps_caching():
 def test_a_fork_child_closing_the_inherited_domain(monitor):
     """A child of fork() that closes the domain it inherited stops the
     monitor in the child: it must exit, not wait for the parent's event
-    thread, and the parent's event thread must live on (an munmap after the
-    child is gone is read). At 5fb8815 the imported monitor's stop() woke the
-    parent's thread through the shared eventfd (ending it) and joined it in
-    the child, which hangs: child-exit=142 (its 30 s alarm), parent-events=0."""
+    thread; and the parent's event thread must live on: an munmap of a region
+    cached after the child is gone is read (counted by the imported monitor;
+    the built-in one has no counters we can read). At 5fb8815 the imported
+    monitor's stop() in the child woke the parent's thread through the
+    eventfd they share, and that ended it: child-exit=0, parent-events=0
+    (the built-in monitor passed)."""
     out = run("fork-close", monitor)
     m = re.search(r"^result fork-close child-exit=(\d+) parent-events=(\d+)$", out, re.M)
     assert m, out
     assert int(m[1]) == 0, out
-    assert int(m[2]) > 0, out
+    if monitor == "memwatch":
+        assert int(m[2]) > 0, out
 
 
 def test_native_monitor_fork_child_caches_nothing_parent_keeps_caching():
