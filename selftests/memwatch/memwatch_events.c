@@ -619,14 +619,9 @@ static int node_cpus(int node, cpu_set_t *set)
 		return -EIO;
 	list[n] = 0;
 	CPU_ZERO(set);
-	for (p = list; sscanf(p, "%d", &a) == 1;) {
-		b = a;
-		p += strspn(p, "0123456789");
-		if (*p == '-') {
-			if (sscanf(++p, "%d", &b) != 1)
-				return -EINVAL;
-			p += strspn(p, "0123456789");
-		}
+	for (p = list; *p >= '0' && *p <= '9';) {
+		a = strtol(p, &p, 10);
+		b = *p == '-' ? strtol(p + 1, &p, 10) : a;
 		while (a <= b)
 			CPU_SET(a++, set);
 		if (*p != ',')
