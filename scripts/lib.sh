@@ -224,7 +224,7 @@ wait_background_kernel() {
 	[ -f "$pidf" ] || return 0
 	pid=$(cat "$pidf")
 	# Only our build: a PID reused by another process is not waited for.
-	tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q build-kernel.sh || { rm -f "$pidf"; return 0; }
+	{ tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null | grep -q build-kernel.sh || { rm -f "$pidf"; return 0; }
 	t0=$(date +%s) last=$t0
 	log "kernel: waiting for the $1 kernel's background build (pid $pid)"
 	while kill -0 "$pid" 2>/dev/null; do
@@ -243,7 +243,7 @@ stop_background_kernel() {
 	local pidf=$OUT/.kernel-$1.pid pid
 	[ -f "$pidf" ] || return 0
 	pid=$(cat "$pidf")
-	if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q build-kernel.sh; then
+	if { tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null | grep -q build-kernel.sh; then
 		log "stopping the $1 kernel's background build (pid $pid)"
 		kill_tree "$pid"
 	fi
