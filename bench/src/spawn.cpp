@@ -106,8 +106,9 @@ Exit wait_for(pid_t pid, int fd, const std::string &what, int seconds)
 Exit stop(pid_t pid, int fd)
 {
 	kill(pid, SIGKILL);
-	return {read_all(fd) + "\n[odpwatch bench: stopped, its peer had failed]\n",
-		waitpid(pid, nullptr, 0) < 0};
+	std::string out = read_all(fd);
+	waitpid(pid, nullptr, 0);
+	return {out + "\n[odpwatch bench: stopped, its peer had failed]\n", false};
 }
 
 } // namespace odpwatch::bench

@@ -163,7 +163,7 @@ private:
 			m.wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 			if (m.wake_fd_ < 0)
 				throw odpwatch::verbs::Error("eventfd", errno);
-			m.thread_ = std::thread([&m] { m.event_loop(); });
+			m.thread_ = std::make_unique<std::thread>([&m] { m.event_loop(); });
 		} catch (const odpwatch::verbs::Error &e) {
 			m.mw_.reset();
 			return -e.err();
@@ -187,7 +187,8 @@ private:
 		const uint64_t one = 1;
 		if (write(m.wake_fd_, &one, sizeof(one)) < 0)
 			std::perror("odpwatch-ofi: waking the event thread");
-		m.thread_.join();
+		m.thread_->join();
+		m.thread_.reset();
 		::close(m.wake_fd_);
 		m.wake_fd_ = -1;
 		std::lock_guard lock(m.mu_);
@@ -199,12 +200,14 @@ private:
 
 	// stop() in a child of fork() that closed what it inherited: the event
 	// thread and the other end of the wake-up eventfd are the parent's (a
-	// wake-up would end the parent's thread, a join would wait for ever).
-	// Drop the child's copies and take the child as the owner: a cache
-	// it opens later starts a monitor of its own.
+	// wake-up would end the parent's thread). Drop the child's copies and
+	// take the child as the owner: a cache it opens later starts a monitor
+	// of its own. The thread object is let go, neither joined nor detached:
+	// its thread does not exist here, and pthread_join or pthread_detach on
+	// it is undefined (glibc may have given its descriptor to a new thread).
 	void forget_parent()
 	{
-		thread_.detach();
+		(void)thread_.release();
 		::close(wake_fd_);
 		wake_fd_ = -1;
 		std::lock_guard lock(mu_);
@@ -379,7 +382,7 @@ private:
 	std::unordered_map<Key, Region, KeyHash> regions_;
 	std::unordered_map<uint32_t, Key> by_id_; // the region of each live watch
 	std::unique_ptr<Memwatch> mw_;
-	std::thread thread_;
+	std::unique_ptr<std::thread> thread_;
 	int wake_fd_ = -1;
 	std::atomic<bool> running_{false};
 	uint64_t hits_ = 0, stale_ = 0; // under mu_

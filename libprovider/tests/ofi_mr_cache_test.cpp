@@ -217,7 +217,8 @@ int fork_close_case(Domain &d)
 		d.close();
 		_exit(0);
 	}
-	int st = 0, waited = 0;
+	// -1 (reported as 255) unless waitpid reports the child.
+	int st = -1, waited = 0;
 	while (waitpid(pid, &st, WNOHANG) == 0 && waited++ < 600)
 		usleep(100 * 1000);
 	if (waited > 600) {
