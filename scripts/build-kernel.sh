@@ -15,6 +15,15 @@ debug) frags+=("$TOP/configs/debug.config") ;;
 vanilla) frags=("$build/vanilla.config") ;;
 *) die "build-kernel.sh: unknown variant $variant" ;;
 esac
+# One build of a build directory at a time: make check's background build of
+# the debug kernel and a later (or leftover) build of the same one wait for
+# each other instead of writing the same objects.
+mkdir -p "$(dirname "$build")"
+exec 9>"$build.lock"
+if ! flock -n 9; then
+	log "kernel: another build of $build is running; waiting for it"
+	flock 9
+fi
 # A build cut off by a shutdown can leave truncated objects newer than their
 # sources, which make takes as done; such a tree is built again from scratch.
 building=$build/.odpwatch-building

@@ -16,7 +16,7 @@
 export ODPWATCH_LEADER=${ODPWATCH_LEADER:-$PPID}
 export ODPWATCH_LEDGER=$$
 : >"$OUT/.stages"
-rm -f "$OUT"/.stage-now.* "$OUT/.userspace-ready"
+rm -f "$OUT"/.stage-now.* "$OUT/.userspace-ready" "$OUT/check/results.json" "$OUT/check-debug/results.json"
 spid="" dpid=""
 stop_lanes() {
 	for p in $spid $dpid; do kill_tree "$p"; done
@@ -29,14 +29,16 @@ t0=$(date +%s)
 
 ODPWATCH_LANE=std ODPWATCH_BACKGROUND_KERNEL=debug "$TOP/scripts/run.sh" check std &
 spid=$!
-# The debug lane: once the production lane's userspace is ready, reusing it;
-# if that lane ended without (a failed build), on its own, after it.
+# The debug lane, once the production lane's userspace is ready, reusing it.
+# If that lane ended without it (a failed build), the debug lane is not run:
+# it would meet the same failure, after as long again.
 (
 	while [ ! -f "$OUT/.userspace-ready" ] && kill -0 "$spid" 2>/dev/null; do sleep 2; done
 	if [ -f "$OUT/.userspace-ready" ]; then
 		ODPWATCH_LANE=debug ODPWATCH_REUSE=1 "$TOP/scripts/run.sh" check debug
 	else
-		ODPWATCH_LANE=debug "$TOP/scripts/run.sh" check debug
+		log "not run: the production lane ended before it had built the guest userspace"
+		false
 	fi 2>&1 | sed -u 's/^/[debug] /'
 ) &
 dpid=$!

@@ -104,7 +104,7 @@ if [ "$reuse" = 0 ]; then
 	[ "$job" = check-series ] ||
 		budgeted libfabric "libfabric with the memwatch monitor (chroot)" "$TOP/other-projects/libfabric/build.sh" "$rootfs" "$tree" "$build"
 	# What the debug lane waits for (check.sh): everything it reuses is built.
-	echo "$build" >"$OUT/.userspace-ready"
+	echo "$build" >"$OUT/.userspace-ready.tmp" && mv "$OUT/.userspace-ready.tmp" "$OUT/.userspace-ready"
 else
 	# The userspace was built against the production kernel's uAPI headers;
 	# the kernel's config does not change them, and this checks it.

@@ -763,8 +763,8 @@ TEST_F_TIMEOUT(ev, numa_hinting, 150)
 	 * node 0, the task then runs on node 1, so the scan must mark them.
 	 * Where the scheduler happened to put the task decided it before.
 	 */
-	ASSERT_EQ(0, node_cpus(0, &on0));
-	ASSERT_EQ(0, node_cpus(1, &on1));
+	if (node_cpus(0, &on0) || node_cpus(1, &on1))
+		SKIP(return, "a NUMA node without CPUs");
 	ASSERT_EQ(0, sched_setaffinity(0, sizeof(on0), &on0));
 	buf = map_touched(self->page, n);
 	ASSERT_NE(NULL, buf);
