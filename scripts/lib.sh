@@ -219,12 +219,18 @@ background_kernel() {
 	echo $! >"$OUT/.kernel-$variant.pid"
 	log "kernel: the $variant kernel builds in the background at idle priority (pid $!, log $OUT/.kernel-$variant.log)"
 }
+# background_kernel_pid VARIANT: the PID of that build while it runs, else
+# nothing (a PID reused by another process is not ours to wait for or stop).
+background_kernel_pid() {
+	local pid
+	pid=$(cat "$OUT/.kernel-$1.pid" 2>/dev/null) || return 0
+	{ tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null | grep -q build-kernel.sh && echo "$pid"
+	return 0
+}
 wait_background_kernel() {
 	local pidf=$OUT/.kernel-$1.pid pid t0 last now
-	[ -f "$pidf" ] || return 0
-	pid=$(cat "$pidf")
-	# Only our build: a PID reused by another process is not waited for.
-	{ tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null | grep -q build-kernel.sh || { rm -f "$pidf"; return 0; }
+	pid=$(background_kernel_pid "$1")
+	[ -n "$pid" ] || { rm -f "$pidf"; return 0; }
 	t0=$(date +%s) last=$t0
 	log "kernel: waiting for the $1 kernel's background build (pid $pid)"
 	while kill -0 "$pid" 2>/dev/null; do
@@ -240,12 +246,11 @@ wait_background_kernel() {
 }
 # stop_background_kernel VARIANT: a run that ends early stops the build it started.
 stop_background_kernel() {
-	local pidf=$OUT/.kernel-$1.pid pid
-	[ -f "$pidf" ] || return 0
-	pid=$(cat "$pidf")
-	if { tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null | grep -q build-kernel.sh; then
+	local pid
+	pid=$(background_kernel_pid "$1")
+	if [ -n "$pid" ]; then
 		log "stopping the $1 kernel's background build (pid $pid)"
 		kill_tree "$pid"
 	fi
-	rm -f "$pidf"
+	rm -f "$OUT/.kernel-$1.pid"
 }
