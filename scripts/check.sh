@@ -60,6 +60,13 @@ for path, name in zip(sys.argv[1:], ("std", "debug")):
         runs.append((name, {"passed": 0, "failed": 1, "skipped": 0}))
 for name, r in runs:
     print(f"{name} kernel: " + ", ".join(f"{r[k]} {k}" for k in keys))
+    # Named here too: the tail of a CI log is often all a reader gets.
+    for suite, s in r.get("suites", {}).items():
+        for t in s.get("tests", []):
+            if t["outcome"] == "failed":
+                print(f"  FAILED {suite}: {t['name']}: {t.get('reason', '')[:300]}")
+    if r.get("console_splats"):
+        print(f"  console: {r['console_splats']} splat line(s), see {name}'s results above")
 print(", ".join(f"{sum(r[k] for _, r in runs)} {k}" for k in keys))
 PY
 exit $rc
