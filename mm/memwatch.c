@@ -18,6 +18,7 @@
  * See Documentation/userspace-api/memwatch.rst.
  */
 #include <linux/anon_inodes.h>
+#include <linux/capability.h>
 #include <linux/cred.h>
 #include <linux/file.h>
 #include <linux/fs.h>
@@ -29,6 +30,7 @@
 #include <linux/seq_file.h>
 #include <linux/slab.h>
 #include <linux/syscalls.h>
+#include <linux/sysctl.h>
 #include <linux/uaccess.h>
 #include <linux/user_namespace.h>
 #include <linux/vmalloc.h>
@@ -81,6 +83,29 @@ struct memwatch_watch {
 };
 
 static struct kmem_cache *memwatch_watch_cache;
+
+/*
+ * vm.unprivileged_memwatch: whether a process without CAP_IPC_LOCK may
+ * create a descriptor. The first watch of a process registers its mm's
+ * notifier, which takes every lock of the mm (mm_take_all_locks(): each
+ * VMA, each mapped file's i_mmap_rwsem, each anon_vma), as the first ODP
+ * MR or KVM VM does behind their device nodes; an administrator may keep
+ * that from untrusted users. CAP_IPC_LOCK, because the users memwatch
+ * serves (RDMA registration caches) are those that pin memory.
+ */
+static int sysctl_unprivileged_memwatch __read_mostly = 1;
+
+static const struct ctl_table memwatch_sysctls[] = {
+	{
+		.procname	= "unprivileged_memwatch",
+		.data		= &sysctl_unprivileged_memwatch,
+		.maxlen		= sizeof(sysctl_unprivileged_memwatch),
+		.mode		= 0644,
+		.proc_handler	= proc_dointvec_minmax,
+		.extra1		= SYSCTL_ZERO,
+		.extra2		= SYSCTL_ONE,
+	},
+};
 
 static u32 memwatch_reason(enum mmu_notifier_event event)
 {
@@ -230,6 +255,13 @@ static bool memwatch_invalidate(struct mmu_interval_notifier *mni,
 	bool change = w->mask & reason;
 
 	spin_lock(&ctx->qlock);
+	/*
+	 * Unconditionally, as the interval notifier API requires of a user
+	 * of mmu_interval_read_begin(): it lets ADD's read_begin() also wait
+	 * for an invalidation of the new watch that has already called us
+	 * (a later one is reported by the word).
+	 */
+	mmu_interval_set_seq(mni, cur_seq);
 	ctx->stats.invalidations++;
 	if (change) {
 		ctx->stats.changes++;
@@ -350,6 +382,13 @@ static long memwatch_add(struct memwatch_ctx *ctx, void __user *uarg)
 		err = -ENOMEM;
 		goto out_erase;
 	}
+	/*
+	 * The generation is the word before the watch exists: only its own
+	 * callback (and REMOVE of this id, excluded by ctx->lock) changes the
+	 * word, so every invalidation that calls the new watch moves the word
+	 * past what ADD returns, however soon after the insert it starts.
+	 */
+	arg.generation = memwatch_read_gen(gen);
 	err = mmu_interval_notifier_insert(&w->notifier, ctx->mm, arg.addr,
 					   arg.len, &memwatch_notifier_ops);
 	if (err)
@@ -360,12 +399,13 @@ static long memwatch_add(struct memwatch_ctx *ctx, void __user *uarg)
 	 * watch: its insertion waits for that invalidation to end. Wait for
 	 * the end too, so that what the caller registers after ADD returns
 	 * is of the mapping the invalidation left, not of pages it is about
-	 * to free. Our invalidate callback takes no ctx->lock.
+	 * to free; likewise for one of the watch's own range that began
+	 * since the insert (it has moved the word past the generation
+	 * already). Our invalidate callback takes no ctx->lock.
 	 */
 	mmu_interval_read_begin(&w->notifier);
 
 	spin_lock(&ctx->qlock);
-	arg.generation = memwatch_read_gen(gen);
 	ctx->stats.watches++;
 	WRITE_ONCE(ctx->hdr->active_watches, ctx->stats.watches);
 	spin_unlock(&ctx->qlock);
@@ -693,6 +733,8 @@ SYSCALL_DEFINE1(memwatch_create, unsigned int, flags)
 		return -EINVAL;
 	if (!current->mm)
 		return -EINVAL;
+	if (!READ_ONCE(sysctl_unprivileged_memwatch) && !capable(CAP_IPC_LOCK))
+		return -EPERM;
 	/* As inotify's instances: the per-user limit gives EMFILE. */
 	ucounts = inc_ucount(current_ucounts()->ns, current_ucounts()->uid,
 			     UCOUNT_MEMWATCH_DESCRIPTORS);
@@ -762,6 +804,7 @@ static int __init memwatch_init(void)
 	init_user_ns.ucount_max[UCOUNT_MEMWATCH_WATCHES] = MEMWATCH_USER_WATCHES;
 	init_user_ns.ucount_max[UCOUNT_MEMWATCH_DESCRIPTORS] =
 		MEMWATCH_USER_DESCRIPTORS;
+	register_sysctl_init("vm", memwatch_sysctls);
 	return 0;
 }
 fs_initcall(memwatch_init);

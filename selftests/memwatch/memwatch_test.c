@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -25,6 +26,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <linux/capability.h>
 #include <linux/memwatch.h>
 
 #include "../kselftest_harness.h"
@@ -663,6 +665,86 @@ TEST(per_user_descriptor_limit)
 		close(fds[i]);
 	ASSERT_LT(0, pwrite(sysctl, old, strlen(old), 0));
 	close(sysctl);
+}
+
+/*
+ * In a child without CAP_IPC_LOCK in its effective set, or (@userns) with
+ * every capability but only in a user namespace of its own: 0 if
+ * memwatch_create() succeeded, else its errno.
+ */
+static int create_in_child(bool userns)
+{
+	struct __user_cap_header_struct h = {
+		.version = _LINUX_CAPABILITY_VERSION_3,
+	};
+	struct __user_cap_data_struct d[_LINUX_CAPABILITY_U32S_3];
+	int status, fd;
+	pid_t pid;
+
+	pid = fork();
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		if (userns) {
+			if (unshare(CLONE_NEWUSER))
+				_exit(errno == EINVAL ? 254 : 255);
+		} else {
+			if (syscall(SYS_capget, &h, d))
+				_exit(255);
+			d[CAP_TO_INDEX(CAP_IPC_LOCK)].effective &=
+				~CAP_TO_MASK(CAP_IPC_LOCK);
+			if (syscall(SYS_capset, &h, d))
+				_exit(255);
+		}
+		fd = memwatch_create(MEMWATCH_CLOEXEC);
+		_exit(fd >= 0 ? 0 : errno);
+	}
+	if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
+		return -1;
+	return WEXITSTATUS(status);
+}
+
+/*
+ * vm.unprivileged_memwatch: 1 (the default) lets anyone create a
+ * descriptor; 0 lets only CAP_IPC_LOCK in the initial user namespace, and
+ * the others get EPERM. The first watch of a process takes every lock of
+ * its mm (mm_take_all_locks()), which an administrator may want to keep
+ * from untrusted users.
+ */
+TEST(unprivileged_gate)
+{
+	const char *path = "/proc/sys/vm/unprivileged_memwatch";
+	int sysctl, fd, without[2], userns, with;
+	char old[32] = "";
+	ssize_t n;
+
+	if (geteuid())
+		SKIP(return, "setting %s needs root", path);
+	sysctl = open(path, O_RDWR);
+	ASSERT_LE(0, sysctl) TH_LOG("%s: %s", path, strerror(errno));
+	n = read(sysctl, old, sizeof(old) - 1);
+	ASSERT_LT(0, n);
+	EXPECT_EQ(1, atoi(old));	/* the default */
+	ASSERT_LT(0, pwrite(sysctl, "1\n", 2, 0));
+	without[1] = create_in_child(false);
+	ASSERT_LT(0, pwrite(sysctl, "0\n", 2, 0));
+	without[0] = create_in_child(false);
+	userns = create_in_child(true);
+	fd = memwatch_create(MEMWATCH_CLOEXEC);
+	with = fd >= 0 ? 0 : errno;
+	if (fd >= 0)
+		close(fd);
+	ASSERT_LT(0, pwrite(sysctl, old, n, 0));
+	close(sysctl);
+	EXPECT_EQ(EPERM, without[0]);
+	/* 254: a kernel without CONFIG_USER_NS has no namespace to try. */
+	if (userns == 254)
+		TH_LOG("no user namespaces: a namespace's CAP_IPC_LOCK not tried");
+	else
+		EXPECT_EQ(EPERM, userns)
+			TH_LOG("CAP_IPC_LOCK of a user namespace let it in");
+	EXPECT_EQ(0, without[1]);
+	EXPECT_EQ(0, with) TH_LOG("with CAP_IPC_LOCK: %s", strerror(with));
 }
 
 /*
