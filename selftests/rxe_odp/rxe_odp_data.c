@@ -3,8 +3,8 @@
  * rxe On-Demand Paging data paths, through two connected RC QPs on $RDMA_DEV
  * (default rxe0): MRs registered with an iova other than their address,
  * implicit MRs across child boundaries, and ibv_advise_mr()'s checks.
- * The fix_* tests reproduce the bugs of upstream's rxe_odp.c that the rdma
- * fixes series fixes: make check runs them on the vanilla base too, where
+ * The fix_* tests reproduce the bugs of upstream's rxe that the rdma fixes
+ * series fixes: make check runs them on the vanilla base too, where
  * each must fail.
  *
  * ibv_advise_mr() is issued as the raw uverbs ioctl: rdma-core 56.1's rxe
@@ -13,6 +13,7 @@
  */
 #include <errno.h>
 #include <sched.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,9 +66,14 @@ FIXTURE(odp)
 	struct link l;
 };
 
-/* Connect RC QP @qp to @dest on the same port. */
-static int connect_qp(struct ibv_context *ctx, struct ibv_qp *qp,
-		      struct ibv_qp *dest)
+/*
+ * Connect RC QP @qp to @dest on the same port, with the RNR timer it asks
+ * its peer to wait (@min_rnr_timer, as a responder) and its transport retry
+ * count (as a requester).
+ */
+static int connect_qp_timers(struct ibv_context *ctx, struct ibv_qp *qp,
+			     struct ibv_qp *dest, uint8_t min_rnr_timer,
+			     uint8_t retry_cnt)
 {
 	struct ibv_qp_attr a = {
 		.qp_state = IBV_QPS_INIT, .port_num = 1,
@@ -88,7 +94,7 @@ static int connect_qp(struct ibv_context *ctx, struct ibv_qp *qp,
 	a.path_mtu = IBV_MTU_1024;
 	a.dest_qp_num = dest->qp_num;
 	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 12;
+	a.min_rnr_timer = min_rnr_timer;
 	a.ah_attr.is_global = 1;
 	a.ah_attr.port_num = 1;
 	a.ah_attr.grh.dgid = gid;
@@ -101,7 +107,7 @@ static int connect_qp(struct ibv_context *ctx, struct ibv_qp *qp,
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTS;
 	a.timeout = 14;
-	a.retry_cnt = 7;
+	a.retry_cnt = retry_cnt;
 	a.rnr_retry = 7;
 	a.max_rd_atomic = 1;
 	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT |
@@ -109,6 +115,12 @@ static int connect_qp(struct ibv_context *ctx, struct ibv_qp *qp,
 			  IBV_QP_MAX_QP_RD_ATOMIC))
 		return -errno;
 	return 0;
+}
+
+static int connect_qp(struct ibv_context *ctx, struct ibv_qp *qp,
+		      struct ibv_qp *dest)
+{
+	return connect_qp_timers(ctx, qp, dest, 12, 7);
 }
 
 FIXTURE_SETUP(odp)
@@ -368,11 +380,14 @@ TEST_F(odp, fix_prefetch_of_a_pinned_mr_is_refused)
 
 /*
  * Pages an RDMA WRITE filled through an ODP MR are dirty: MADV_FREE makes
- * them freeable while clean, MADV_PAGEOUT reclaims, the bytes must stay. A
+ * them freeable while clean, MADV_PAGEOUT reclaims, the bytes must stay,
+ * whether the MR still maps the pages when reclaim invalidates them or was
+ * deregistered before (the umem then goes without an invalidation). A
  * control page treated alike but not written must go (else reclaim did not
  * run). One CPU, so MADV_PAGEOUT drains the LRU batches the pages sit in.
  */
-TEST_F(odp, fix_pages_written_through_odp_survive_reclaim)
+static void written_pages_survive_reclaim(struct __test_metadata *_metadata,
+					  FIXTURE_DATA(odp) *self, bool dereg)
 {
 	char *buf = map_anon(LEN), *control = map_anon(4096);
 	cpu_set_t all, one;
@@ -399,6 +414,8 @@ TEST_F(odp, fix_pages_written_through_odp_survive_reclaim)
 	fill(self->l.local_buf, LEN, 41);
 	ASSERT_EQ(IBV_WC_SUCCESS, rdma(&self->l, IBV_WR_RDMA_WRITE,
 				       (uintptr_t)buf, mr->rkey, LEN));
+	if (dereg)
+		ASSERT_EQ(0, ibv_dereg_mr(mr));
 	ASSERT_EQ(0, madvise(control, 4096, MADV_PAGEOUT));
 	ASSERT_EQ(0, madvise(buf, LEN, MADV_PAGEOUT));
 	i = 0;
@@ -408,10 +425,126 @@ TEST_F(odp, fix_pages_written_through_odp_survive_reclaim)
 	EXPECT_EQ(0, memcmp(buf, self->l.local_buf, LEN))
 		TH_LOG("written pages were dropped as clean");
 
-	EXPECT_EQ(0, ibv_dereg_mr(mr));
+	if (!dereg)
+		EXPECT_EQ(0, ibv_dereg_mr(mr));
 	EXPECT_EQ(0, sched_setaffinity(0, sizeof(all), &all));
 	munmap(buf, LEN);
 	munmap(control, 4096);
+}
+
+TEST_F(odp, fix_pages_written_through_odp_survive_reclaim)
+{
+	written_pages_survive_reclaim(_metadata, self, false);
+}
+
+TEST_F(odp, fix_pages_written_through_odp_survive_dereg_and_reclaim)
+{
+	written_pages_survive_reclaim(_metadata, self, true);
+}
+
+/* The status of the first completion on @cq within @ms, -1 if none came. */
+static int wait_cq(struct ibv_cq *cq, long ms)
+{
+	struct timespec t0, t;
+	struct ibv_wc wc;
+	int n;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	do {
+		n = ibv_poll_cq(cq, 1, &wc);
+		if (n > 0)
+			return wc.status;
+		if (n < 0)
+			return -2;
+		usleep(1000);
+		clock_gettime(CLOCK_MONOTONIC, &t);
+	} while ((t.tv_sec - t0.tv_sec) * 1000 +
+		 (t.tv_nsec - t0.tv_nsec) / 1000000 < ms);
+	return -1;
+}
+
+#define RNR_SENDS 3
+
+/*
+ * An RNR NAK answers a request, so waiting out the responder's RNR timer
+ * must not cost transport retries: SENDs to a responder with no receive
+ * posted for 8 s, on a requester with rnr_retry 7 (retry for ever) and a
+ * transport timeout of 67 ms (14), complete once the receives are posted.
+ * The responder asks for 655 ms between retries (min_rnr_timer 0), as
+ * ib_cm sets it for every rdma_cm connection. Each RNR wait longer than
+ * the transport timeout used to fire the retransmit timer once, and seven
+ * waits (4.6 s) used up retry_cnt 6; retry_cnt 7 hid it until it counted
+ * down like any other. Several SENDs back to back, as a storage initiator
+ * posts them: those behind the NAKed one must not arm the timer either.
+ */
+TEST_F_TIMEOUT(odp, fix_rnr_waits_leave_the_retry_count_alone, 120)
+{
+	struct ibv_qp_init_attr init = {
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = RNR_SENDS, .max_recv_wr = RNR_SENDS,
+			 .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	static const uint8_t retry_cnts[] = { 6, 7 };
+	struct ibv_cq *scq, *rcq;
+	struct ibv_qp *sender, *receiver;
+	struct ibv_recv_wr rwr, *bad_rwr;
+	struct ibv_send_wr swr, *bad_swr;
+	struct ibv_sge ssge, rsge;
+	char *src = self->l.local_buf, *dst = self->l.local_buf + LEN / 2;
+	unsigned int i, j;
+	int status;
+
+	for (i = 0; i < ARRAY_SIZE(retry_cnts); i++) {
+		scq = ibv_create_cq(self->ctx, 2 * RNR_SENDS, NULL, NULL, 0);
+		rcq = ibv_create_cq(self->ctx, 2 * RNR_SENDS, NULL, NULL, 0);
+		ASSERT_NE(NULL, scq);
+		ASSERT_NE(NULL, rcq);
+		init.send_cq = init.recv_cq = scq;
+		sender = ibv_create_qp(self->pd, &init);
+		init.send_cq = init.recv_cq = rcq;
+		receiver = ibv_create_qp(self->pd, &init);
+		ASSERT_NE(NULL, sender);
+		ASSERT_NE(NULL, receiver);
+		ASSERT_EQ(0, connect_qp_timers(self->ctx, sender, receiver, 12,
+					       retry_cnts[i]));
+		ASSERT_EQ(0, connect_qp_timers(self->ctx, receiver, sender, 0,
+					       7));
+
+		fill(src, RNR_SENDS * 64, i);
+		memset(dst, 0, RNR_SENDS * 64);
+		for (j = 0; j < RNR_SENDS; j++) {
+			ssge = (struct ibv_sge){ (uintptr_t)src + j * 64, 64,
+						 self->l.local->lkey };
+			swr = (struct ibv_send_wr){
+				.wr_id = j, .sg_list = &ssge, .num_sge = 1,
+				.opcode = IBV_WR_SEND,
+				.send_flags = IBV_SEND_SIGNALED };
+			ASSERT_EQ(0, ibv_post_send(sender, &swr, &bad_swr));
+		}
+		status = wait_cq(scq, 8000);
+		ASSERT_EQ(-1, status)
+			TH_LOG("retry_cnt %u: a SEND completed with %s while the responder had no receive",
+			       retry_cnts[i], status < 0 ? "an error of ibv_poll_cq" :
+			       ibv_wc_status_str(status));
+		for (j = 0; j < RNR_SENDS; j++) {
+			rsge = (struct ibv_sge){ (uintptr_t)dst + j * 64, 64,
+						 self->l.local->lkey };
+			rwr = (struct ibv_recv_wr){ .sg_list = &rsge,
+						    .num_sge = 1 };
+			ASSERT_EQ(0, ibv_post_recv(receiver, &rwr, &bad_rwr));
+		}
+		for (j = 0; j < RNR_SENDS; j++) {
+			ASSERT_EQ(IBV_WC_SUCCESS, wait_cq(scq, 10000))
+				TH_LOG("retry_cnt %u: SEND %u", retry_cnts[i], j);
+			ASSERT_EQ(IBV_WC_SUCCESS, wait_cq(rcq, 10000));
+		}
+		EXPECT_EQ(0, memcmp(dst, src, RNR_SENDS * 64));
+
+		EXPECT_EQ(0, ibv_destroy_qp(sender));
+		EXPECT_EQ(0, ibv_destroy_qp(receiver));
+		EXPECT_EQ(0, ibv_destroy_cq(scq));
+		EXPECT_EQ(0, ibv_destroy_cq(rcq));
+	}
 }
 
 /* Writes, reads and atomics through an implicit MR's rkey, across children. */
