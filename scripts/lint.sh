@@ -36,7 +36,7 @@ done
 # deleted (replaced wholesale instead of changed in place).
 for p in "$OUT"/series/rdma-fixes/0*.patch; do
 	case $p in *0000-cover-letter.patch) continue ;; esac
-	grep -q '^Fixes: [0-9a-f]\{12\} ("' "$p" && grep -q '^Cc: stable@vger.kernel.org$' "$p" || {
+	grep -q '^Fixes: [0-9a-f]\{12\} ("' "$p" && grep -q '^Cc: stable@vger.kernel.org\( # .*\)\?$' "$p" || {
 		echo "lint: $(basename "$p") of the fixes series lacks Fixes: or Cc: stable" >&2
 		rc=1
 	}

@@ -387,7 +387,8 @@ TEST_F(odp, fix_prefetch_of_a_pinned_mr_is_refused)
  * run). One CPU, so MADV_PAGEOUT drains the LRU batches the pages sit in.
  */
 static void written_pages_survive_reclaim(struct __test_metadata *_metadata,
-					  FIXTURE_DATA(odp) *self, bool dereg)
+					  struct ibv_pd *pd, struct link *l,
+					  bool dereg)
 {
 	char *buf = map_anon(LEN), *control = map_anon(4096);
 	cpu_set_t all, one;
@@ -404,16 +405,16 @@ static void written_pages_survive_reclaim(struct __test_metadata *_metadata,
 	CPU_ZERO(&one);
 	CPU_SET(cpu, &one);
 	ASSERT_EQ(0, sched_setaffinity(0, sizeof(one), &one));
-	mr = ibv_reg_mr(self->pd, buf, LEN, ODP_REMOTE);
+	mr = ibv_reg_mr(pd, buf, LEN, ODP_REMOTE);
 	ASSERT_NE(NULL, mr) TH_LOG("ibv_reg_mr: %s", strerror(errno));
 
 	fill(buf, LEN, 40);
 	fill(control, 4096, 40);
 	ASSERT_EQ(0, madvise(buf, LEN, MADV_FREE));
 	ASSERT_EQ(0, madvise(control, 4096, MADV_FREE));
-	fill(self->l.local_buf, LEN, 41);
-	ASSERT_EQ(IBV_WC_SUCCESS, rdma(&self->l, IBV_WR_RDMA_WRITE,
-				       (uintptr_t)buf, mr->rkey, LEN));
+	fill(l->local_buf, LEN, 41);
+	ASSERT_EQ(IBV_WC_SUCCESS, rdma(l, IBV_WR_RDMA_WRITE, (uintptr_t)buf,
+				       mr->rkey, LEN));
 	if (dereg)
 		ASSERT_EQ(0, ibv_dereg_mr(mr));
 	ASSERT_EQ(0, madvise(control, 4096, MADV_PAGEOUT));
@@ -422,7 +423,7 @@ static void written_pages_survive_reclaim(struct __test_metadata *_metadata,
 	while (i < 4096 && !control[i])
 		i++;
 	ASSERT_EQ(4096UL, i) TH_LOG("a clean freeable page survived MADV_PAGEOUT");
-	EXPECT_EQ(0, memcmp(buf, self->l.local_buf, LEN))
+	EXPECT_EQ(0, memcmp(buf, l->local_buf, LEN))
 		TH_LOG("written pages were dropped as clean");
 
 	if (!dereg)
@@ -434,12 +435,12 @@ static void written_pages_survive_reclaim(struct __test_metadata *_metadata,
 
 TEST_F(odp, fix_pages_written_through_odp_survive_reclaim)
 {
-	written_pages_survive_reclaim(_metadata, self, false);
+	written_pages_survive_reclaim(_metadata, self->pd, &self->l, false);
 }
 
 TEST_F(odp, fix_pages_written_through_odp_survive_dereg_and_reclaim)
 {
-	written_pages_survive_reclaim(_metadata, self, true);
+	written_pages_survive_reclaim(_metadata, self->pd, &self->l, true);
 }
 
 /* The status of the first completion on @cq within @ms, -1 if none came. */
@@ -499,9 +500,11 @@ TEST_F_TIMEOUT(odp, fix_rnr_waits_leave_the_retry_count_alone, 120)
 		rcq = ibv_create_cq(self->ctx, 2 * RNR_SENDS, NULL, NULL, 0);
 		ASSERT_NE(NULL, scq);
 		ASSERT_NE(NULL, rcq);
-		init.send_cq = init.recv_cq = scq;
+		init.send_cq = scq;
+		init.recv_cq = scq;
 		sender = ibv_create_qp(self->pd, &init);
-		init.send_cq = init.recv_cq = rcq;
+		init.send_cq = rcq;
+		init.recv_cq = rcq;
 		receiver = ibv_create_qp(self->pd, &init);
 		ASSERT_NE(NULL, sender);
 		ASSERT_NE(NULL, receiver);
@@ -523,8 +526,8 @@ TEST_F_TIMEOUT(odp, fix_rnr_waits_leave_the_retry_count_alone, 120)
 		}
 		status = wait_cq(scq, 8000);
 		ASSERT_EQ(-1, status)
-			TH_LOG("retry_cnt %u: a SEND completed with %s while the responder had no receive",
-			       retry_cnts[i], status < 0 ? "an error of ibv_poll_cq" :
+			TH_LOG("retry_cnt %u: a SEND completed (%s) before any receive",
+			       retry_cnts[i], status < 0 ? "ibv_poll_cq failed" :
 			       ibv_wc_status_str(status));
 		for (j = 0; j < RNR_SENDS; j++) {
 			rsge = (struct ibv_sge){ (uintptr_t)dst + j * 64, 64,
