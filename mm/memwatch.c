@@ -385,7 +385,7 @@ static long memwatch_add(struct memwatch_ctx *ctx, void __user *uarg)
 	/*
 	 * The generation is the word before the watch exists: only its own
 	 * callback (and REMOVE of this id, excluded by ctx->lock) changes the
-	 * word, so every invalidation that calls the new watch moves the word
+	 * word, so every invalidation the watch's mask reports moves the word
 	 * past what ADD returns, however soon after the insert it starts.
 	 */
 	arg.generation = memwatch_read_gen(gen);

@@ -8,9 +8,12 @@
  * running zap is about to free, under a generation word that never
  * changes: a stale registration memwatch calls valid.
  *
- * A thread zaps a populated region with MADV_DONTNEED, its last page last;
- * the test adds a watch on that page as the zap starts and looks the page
- * up. If the page was still mapped then, the zap must change the word.
+ * add_racing_a_zap: a thread zaps a populated region with MADV_DONTNEED,
+ * its last page last; the test adds a watch on that page as the zap starts
+ * and looks the page up. If the page was still mapped then, the zap must
+ * change the word. add_absorbs_no_invalidation: the watch's own range is
+ * zapped the moment a deferred insertion ends, before the woken ADD reads
+ * the word (see there).
  */
 #define _GNU_SOURCE
 #include <errno.h>
