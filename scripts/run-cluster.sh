@@ -55,7 +55,7 @@ for n in 0 1; do
 		-display none -no-reboot -monitor none -serial "file:$nd/console.log" -kernel "$kernel" \
 		-netdev "dgram,id=wire,local.type=unix,local.path=$wire/node$n.sock,remote.type=unix,remote.path=$wire/node$peer.sock" \
 		-device "virtio-net-pci,netdev=wire,mac=52:54:00:0d:90:0$n" \
-		-append "console=ttyS0 no5lvl pci=noacpi root=rootfs rootfstype=9p rootflags=trans=virtio,version=9p2000.L,msize=512000 ro init=/sbin/odpwatch-init panic=-1 odpwatch.job=cluster odpwatch.dir=$1/node$n odpwatch.node=$n" \
+		-append "console=ttyS0 no5lvl pci=noacpi root=rootfs rootfstype=9p rootflags=trans=virtio,version=9p2000.L,msize=512000,cache=loose ro init=/sbin/odpwatch-init panic=-1 odpwatch.job=cluster odpwatch.dir=$1/node$n odpwatch.node=$n" \
 		$(share rootfs "$rootfs" ,readonly=on) $(share odpwatch "$TOP" ,readonly=on) $(share out "$OUT" "") \
 		</dev/null >"$nd/qemu.log" 2>&1 &
 	pids+=($!)

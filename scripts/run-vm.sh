@@ -31,7 +31,7 @@ fi
 qemu-system-x86_64 -machine pc -accel tcg,thread=multi -cpu max -smp "$cpus" -m "${mem}M" $numa \
 	-nic none -display none -no-reboot -monitor none \
 	-serial "file:$log" -kernel "$kernel" \
-	-append "console=ttyS0 no5lvl pci=noacpi root=rootfs rootfstype=9p rootflags=trans=virtio,version=9p2000.L,msize=512000 ro init=/sbin/odpwatch-init panic=-1 odpwatch.job=$job odpwatch.dir=$2" \
+	-append "console=ttyS0 no5lvl pci=noacpi root=rootfs rootfstype=9p rootflags=trans=virtio,version=9p2000.L,msize=512000,cache=loose ro init=/sbin/odpwatch-init panic=-1 odpwatch.job=$job odpwatch.dir=$2" \
 	$(share rootfs "$rootfs" ,readonly=on) $(share odpwatch "$TOP" ,readonly=on) $(share out "$OUT" "") \
 	$([ -z "$stock" ] || share stock "$stock" ,readonly=on) \
 	</dev/null >"$dir/qemu.log" 2>&1 &

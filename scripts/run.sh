@@ -122,13 +122,18 @@ if [ "$job" = check ]; then
 	# the kselftests, the kernel-bug reproducers, the reliability and
 	# fault-injection suites. rdma-core's own suite, the comparison with
 	# Debian's rdma-core and the userspace-only tests (CLI, man pages, the
-	# cache library) run on the production kernel only.
+	# cache library) run on the production kernel only. Demand paging beyond
+	# memory runs there at half the buffer resident, not a quarter: the same
+	# swap-out and fault-in paths, 160 s less (a quarter is a workload, not
+	# another path).
+	deselect=""
 	case $variant in
 	debug) suites="selftests pyverbs-tests"
-		pyverbs="test_harness.py test_rxe_odp.py test_rxe_qp_events.py test_fault_injection.py test_teardown.py test_stress.py test_limits.py" ;;
+		pyverbs="test_harness.py test_rxe_odp.py test_rxe_qp_events.py test_fault_injection.py test_teardown.py test_stress.py test_limits.py"
+		deselect="test_limits.py::test_demand_paging_beyond_memory[4]" ;;
 	*) suites="selftests pyverbs-tests rdma-core rdma-core-vs-stock cluster middleware" pyverbs="" ;;
 	esac
-	printf 'SUITES="%s"\nPYVERBS_TESTS="%s"\n' "$suites" "$pyverbs" >"$OUT/$dir/plan"
+	printf 'SUITES="%s"\nPYVERBS_TESTS="%s"\nPYVERBS_DESELECT="%s"\n' "$suites" "$pyverbs" "$deselect" >"$OUT/$dir/plan"
 fi
 if [ "$job" = vm ]; then
 	cmd=${ODPWATCH_CMD:-${CMD:-}}

@@ -35,7 +35,7 @@ if ! mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 out /out; then
 fi
 
 # Debian's own rdma-core, when the host shares it, for the stock comparison.
-[ -d /stock ] && mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,ro stock /stock 2>/dev/null
+[ -d /stock ] && mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=loose,ro stock /stock 2>/dev/null
 
 job=$(sed -n 's/.*odpwatch\.job=\([a-z-]*\).*/\1/p' /proc/cmdline)
 jobdir=/out/$(sed -n 's/.*odpwatch\.dir=\([a-z0-9/-]*\).*/\1/p' /proc/cmdline)

@@ -4,10 +4,11 @@
 #   run-suites.sh DIR
 # DIR/plan, written by the host (run.sh), says what this kernel variant runs:
 # SUITES (of selftests pyverbs-tests rdma-core rdma-core-vs-stock) and
-# PYVERBS_TESTS (files of pyverbs-tests/, empty for all).
+# PYVERBS_TESTS (files of pyverbs-tests/, empty for all) and PYVERBS_DESELECT
+# (test ids of those files this variant leaves out).
 dir=$1
 say() { echo "odpwatch: $*"; }
-SUITES="selftests pyverbs-tests rdma-core rdma-core-vs-stock" PYVERBS_TESTS=""
+SUITES="selftests pyverbs-tests rdma-core rdma-core-vs-stock" PYVERBS_TESTS="" PYVERBS_DESELECT=""
 [ -f "$dir/plan" ] && . "$dir/plan"
 runs() { case " $SUITES " in *" $1 "*) return 0 ;; esac; say "suite $1: not run on this kernel variant"; return 1; }
 RDMA_DEV=${RDMA_DEV:-rxe0}
@@ -47,10 +48,12 @@ else
 fi
 
 if runs pyverbs-tests; then
-	say "suite pyverbs-tests: running ${PYVERBS_TESTS:-every file}"
-	# shellcheck disable=SC2086 # a list of files by design
+	say "suite pyverbs-tests: running ${PYVERBS_TESTS:-every file}${PYVERBS_DESELECT:+, but $PYVERBS_DESELECT}"
+	deselect=""
+	for t in $PYVERBS_DESELECT; do deselect="$deselect --deselect $t"; done
+	# shellcheck disable=SC2086 # lists of files and options by design
 	(cd /odpwatch/pyverbs-tests && python3 -m pytest -v -p no:cacheprovider -o console_output_style=classic \
-		--timeout="$PYTEST_TIMEOUT" --junitxml="$dir/pyverbs-tests.xml" ${PYVERBS_TESTS:-.}) \
+		--timeout="$PYTEST_TIMEOUT" --junitxml="$dir/pyverbs-tests.xml" $deselect ${PYVERBS_TESTS:-.}) \
 		>"$dir/pyverbs-tests.log" 2>&1
 	echo "$?" >"$dir/pyverbs-tests.status"
 	say "suite pyverbs-tests: $(tail -n 1 "$dir/pyverbs-tests.log")"
