@@ -952,7 +952,7 @@ static int swap_out_child(struct cgroup *cg, long page)
 	return 0;
 }
 
-TEST_F(ev, swap_out_under_a_memory_cgroup)
+TEST_F_TIMEOUT(ev, swap_out_under_a_memory_cgroup, 150)
 {
 	struct cgroup cg;
 	int status;
