@@ -11,6 +11,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 import pyverbs.enums as e
@@ -23,7 +24,8 @@ CASES = ["reuse-pinned", "reuse-explicit-odp", "reuse-implicit-odp",
          "ways-to-free-pinned", "ways-to-free-explicit-odp", "ways-to-free-implicit-odp",
          "threads-pinned", "threads-explicit-odp", "threads-implicit-odp",
          "limits", "implicit-max-bytes", "events", "bad-input", "no-memwatch",
-         "overlap-pinned", "overlap-explicit-odp", "memlock-retry", "fork-child",
+         "overlap-pinned", "overlap-explicit-odp", "memlock-retry",
+         "union-loses-a-changed-neighbour", "hits-release-freed-memory", "fork-child",
          "default-limits", "eviction-order", "churn", "more-ways-to-free-pinned",
          "more-ways-to-free-explicit-odp", "more-ways-to-free-implicit-odp", "huge-pages-pinned",
          "huge-pages-explicit-odp", "failed-registration", "brk-pinned", "brk-explicit-odp",
@@ -174,6 +176,99 @@ def test_default_cache_exposes_only_the_buffer(ctx, pd):
         land_mr.close()
         for p in (buf, secret, land):
             munmap(p, LEN)
+
+
+K = 1 << 10
+
+
+@pytest.mark.parametrize("policy", ["auto", "pinned"])
+@pytest.mark.parametrize("how", ["unmapped-and-reused", "containing", "merge"])
+def test_remote_rkey_reaches_only_the_pages_asked_for(ctx, pd, policy, how):
+    """A get with remote access hands its rkey to a peer, which must reach the
+    pages asked for and no others (userspace audit H1). A 64 KiB buffer at X
+    was registered with remote read and put back; then a 4 KiB message at X
+    (or 32 KiB across X-16K, for the merge) is registered with remote read,
+    and a secret sits at X+32K: after the buffer's addresses were unmapped
+    and mapped again, or in the old buffer's own tail as an allocator reuses
+    freed memory, or beside a range that overlaps the cached one. The
+    peer's READ of the message succeeds; its READ of the secret through the
+    same rkey fails with a remote access error. With default attributes on
+    rxe the remote get is an explicit ODP MR, which follows the address."""
+    requester, _responder = LoopbackQP.pair(ctx, pd)
+    region = mmap_anon(128 * K)
+    x, secret = region + 32 * K, region + 64 * K
+    land = mmap_anon(LEN)
+    land_mr = MR(pd, LEN, e.IBV_ACCESS_LOCAL_WRITE, address=land)
+    try:
+        with odpwatch_cache.RegCache(ctx, pd, policy=policy) as cache:
+            with cache.get(x, 64 * K, REMOTE):
+                pass
+            if how == "unmapped-and-reused":
+                munmap(x, 64 * K)
+                mmap_anon(4 * K, addr=x)
+                mmap_anon(32 * K, addr=secret)
+            ctypes.memset(region, 0x4d, 36 * K)  # up to the end of the message
+            ctypes.memset(secret, 0x53, 32 * K)
+            msg, msg_len = (x - 16 * K, 32 * K) if how == "merge" else (x, 4 * K)
+            with cache.get(msg, msg_len, REMOTE) as reg:
+                assert requester.rdma(e.IBV_WR_RDMA_READ, land_mr, land, 64, reg, msg) == \
+                    e.IBV_WC_SUCCESS, "the peer's read of the message"
+                assert_bytes(ctypes.string_at(land, 64), b"\x4d" * 64)
+                ctypes.memset(land, 0, 64)
+                st = requester.rdma(e.IBV_WR_RDMA_READ, land_mr, land, 64, reg, secret)
+                assert ctypes.string_at(land, 64) != b"\x53" * 64, "the peer read the secret"
+                assert st == e.IBV_WC_REM_ACCESS_ERR, f"status {st}"
+            # The same pages with the same access again: still a hit.
+            hits = cache.stats()["hits"]
+            requester, _responder = LoopbackQP.pair(ctx, pd)  # the old pair is in error
+            with cache.get(msg, msg_len, REMOTE) as reg:
+                assert requester.rdma(e.IBV_WR_RDMA_READ, land_mr, land, 64, reg, msg) == \
+                    e.IBV_WC_SUCCESS
+            assert cache.stats()["hits"] == hits + 1
+    finally:
+        land_mr.close()
+        munmap(land, LEN)
+        munmap(region, 128 * K)
+
+
+@pytest.mark.parametrize("policy", ["auto", "pinned"])
+def test_an_old_rkey_stops_at_the_unmap(ctx, pd, policy):
+    """The memwatch half of audit H1: a peer that kept the rkey of a
+    registration put back (as UCX caches rkeys) must not reach what is
+    mapped at its addresses after the buffer was unmapped, once the cache
+    read memwatch's events: the registration is dropped and deregistered.
+    With default attributes on rxe it is an explicit ODP MR, which would
+    follow the address to the new mapping (the secret); a pinned one keeps
+    the old pages, which the cache must give back as well."""
+    requester, _responder = LoopbackQP.pair(ctx, pd)
+    x = mmap_anon(64 * K)
+    land = mmap_anon(LEN)
+    land_mr = MR(pd, LEN, e.IBV_ACCESS_LOCAL_WRITE, address=land)
+    try:
+        with odpwatch_cache.RegCache(ctx, pd, policy=policy) as cache:
+            ctypes.memset(x, 0x4d, 64 * K)
+            with cache.get(x, 64 * K, REMOTE) as reg:
+                assert requester.rdma(e.IBV_WR_RDMA_READ, land_mr, land, 64, reg, x) == \
+                    e.IBV_WC_SUCCESS
+            munmap(x, 64 * K)
+            mmap_anon(64 * K, addr=x)
+            ctypes.memset(x, 0x53, 64 * K)
+            dereg0 = cache.stats()["deregistrations"]
+            cache.process_events()
+            for _ in range(100):  # the reaper deregisters off this thread
+                if cache.stats()["deregistrations"] > dereg0:
+                    break
+                time.sleep(0.05)
+            s = cache.stats()
+            assert (s["entries"], s["deregistrations"]) == (0, dereg0 + 1), s
+            ctypes.memset(land, 0, 64)
+            st = requester.rdma(e.IBV_WR_RDMA_READ, land_mr, land, 64, reg, x)
+            assert ctypes.string_at(land, 64) != b"\x53" * 64, "the peer read the secret"
+            assert st == e.IBV_WC_REM_ACCESS_ERR, f"status {st}"
+    finally:
+        land_mr.close()
+        munmap(land, LEN)
+        munmap(x, 64 * K)
 
 
 LIBRARY = "/out/guest/lib/libodpwatch.so.0"

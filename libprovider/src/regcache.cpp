@@ -60,20 +60,39 @@ uintptr_t page_size()
 constexpr unsigned remote_access =
 	IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
 
+// A registration asked for with remote access has its rkey handed to a
+// peer: the peer must reach the pages asked for and no others, with the
+// access asked for and no more, and only while they are the memory that was
+// registered. So it is never a hit in a larger or more capable registration,
+// never part of a union, and it is watched whatever its policy (an ODP MR
+// follows the address to whatever is mapped there next).
+bool exposed(unsigned access)
+{
+	return access & remote_access;
+}
+
 // An implicit ODP MR's rkey reaches every byte of the process: a peer given
 // it could read or write anything. It serves local access only; a
 // registration with remote access gets an explicit ODP MR of its own range.
 Policy for_access(Policy pd_policy, unsigned access)
 {
-	if (pd_policy == Policy::ImplicitOdp && (access & remote_access))
+	if (pd_policy == Policy::ImplicitOdp && exposed(access))
 		return Policy::ExplicitOdp;
 	return pd_policy;
 }
+
+// How often a miss registers a union before it registers its own range
+// alone: a neighbour that keeps changing must not keep it registering.
+constexpr int max_union_passes = 3;
+
+// How many lock-free hits may pass between two reads of memwatch's events.
+constexpr uint64_t drain_every = 1024;
 } // namespace
 
 struct RegCache::Entry {
 	std::atomic<uint32_t> magic{entry_magic}; // 0 while a shell
 	Entry *next_shell = nullptr;
+	const RegCache *owner = nullptr; // an entry's memory serves one cache for life
 	Key key;
 	Policy policy;
 	verbs::Mr mr;
@@ -142,9 +161,14 @@ RegCache::Entry *RegCache::containing(const Key &k) const
 }
 
 // An entry holding k's range with k's access, else with more access (one
-// look per other access of the pd, a handful at most). Under mu_, either way.
+// look per other access of the pd, a handful at most); for remote access,
+// exactly k. Under mu_, either way.
 RegCache::Entry *RegCache::lookup(const Key &k) const
 {
+	if (exposed(k.access)) {
+		Entry *e = containing(k);
+		return e && e->key == k ? e : nullptr;
+	}
 	if (Entry *e = containing(k))
 		return e;
 	for (auto it = entries_.lower_bound(Key{k.pd, 0, 0, 0});
@@ -211,8 +235,9 @@ Policy RegCache::policy_of(ibv_pd *pd)
 	return resolve(pd);
 }
 
-// Registers outside the lock. For the pinned policy the watch comes first,
-// so a change racing with the registration shows as a stale watch.
+// Registers outside the lock. A watched range (pinned, or exposed with
+// memwatch at hand) is watched first, so a change racing with the
+// registration shows as a stale watch.
 std::unique_ptr<RegCache::Entry> RegCache::make_entry(const Key &k, Policy policy)
 {
 	std::unique_ptr<Entry> e(take_shell());
@@ -226,15 +251,26 @@ std::unique_ptr<RegCache::Entry> RegCache::make_entry(const Key &k, Policy polic
 			e->mr = verbs::reg_mr(k.pd, nullptr, SIZE_MAX,
 					      k.access | IBV_ACCESS_ON_DEMAND);
 			break;
-		case Policy::ExplicitOdp:
-			e->mr = verbs::reg_mr(k.pd, addr, len, k.access | IBV_ACCESS_ON_DEMAND);
-			break;
 		default:
-			e->watch = mw_->add(addr, len, reinterpret_cast<uintptr_t>(e.get()));
+			if (policy == Policy::Pinned) {
+				e->watch =
+					mw_->add(addr, len, reinterpret_cast<uintptr_t>(e.get()));
+			} else if (exposed(k.access) && mw_) {
+				try {
+					e->watch = mw_->add(addr, len,
+							    reinterpret_cast<uintptr_t>(e.get()));
+				} catch (const verbs::Error &) {
+					// Unwatched (out of watches): used once.
+				}
+			}
 			try {
-				e->mr = verbs::reg_mr(k.pd, addr, len, k.access);
+				e->mr = verbs::reg_mr(k.pd, addr, len,
+						      policy == Policy::ExplicitOdp
+							      ? k.access | IBV_ACCESS_ON_DEMAND
+							      : k.access);
 			} catch (...) {
-				mw_->remove(e->watch->id);
+				if (e->watch)
+					mw_->remove(e->watch->id);
 				throw;
 			}
 			break;
@@ -330,7 +366,9 @@ RegCache::Entry *RegCache::take_shell()
 			return e;
 		}
 	}
-	return new Entry;
+	auto *e = new Entry;
+	e->owner = this;
+	return e;
 }
 
 void RegCache::reap(std::vector<std::unique_ptr<Entry>> &dead) noexcept
@@ -518,6 +556,11 @@ RegCache::Entry *RegCache::recall(ibv_pd *pd, uintptr_t a, uintptr_t end, unsign
 	Recent &r = recent(a);
 	if (r.cache != id_ || r.pd != pd || r.access != access || a < r.start || end > r.end)
 		return nullptr;
+	if (exposed(access)) { // only the pages asked for
+		const uintptr_t page = page_size();
+		if ((a & ~(page - 1)) != r.start || ((end + page - 1) & ~(page - 1)) != r.end)
+			return nullptr;
+	}
 	Entry *e = r.e;
 	uint32_t refs = e->refs.load();
 	do {
@@ -531,8 +574,27 @@ RegCache::Entry *RegCache::recall(ibv_pd *pd, uintptr_t a, uintptr_t end, unsign
 	}
 	if (!e->used.load(std::memory_order_relaxed))
 		e->used.store(true, std::memory_order_relaxed);
-	hits_++;
+	if (++hits_ % drain_every == 0 || drain_pending_.load(std::memory_order_relaxed))
+		drain_events();
 	return e;
+}
+
+// Only a miss reads memwatch's events: in a phase of lock-free hits, memory
+// the application freed would stay pinned (and charged to RLIMIT_MEMLOCK)
+// until the next miss. So every drain_every-th hit drops what was freed
+// meanwhile, unless another thread holds the lock (it may be doing so).
+void RegCache::drain_events() noexcept
+{
+	try {
+		Graveyard dead(*this); // destroys after the lock is gone
+		std::unique_lock lock(mu_, std::try_to_lock);
+		// Busy: the next hit tries again.
+		drain_pending_.store(!lock.owns_lock(), std::memory_order_relaxed);
+		if (lock.owns_lock())
+			process_events_locked(dead);
+	} catch (...) {
+		// The next miss reads them, and reports what failed.
+	}
 }
 
 RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigned access)
@@ -551,14 +613,21 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 		return Key{pd, access, a & ~(page - 1), (a + len + page - 1) & ~(page - 1)};
 	};
 
+	Entry *hit = nullptr;
 	{
 		std::shared_lock lock(mu_);
 		if (auto it = pd_policy_.find(pd); it != pd_policy_.end())
 			if (Entry *e = lookup(key_for(for_access(it->second, access)));
 			    e && fresh(e)) {
 				remember(e, pd, a, access);
-				return take(e);
+				hit = take(e);
 			}
+	}
+	if (hit) {
+		if (hits_.load(std::memory_order_relaxed) % drain_every == 0 ||
+		    drain_pending_.load(std::memory_order_relaxed))
+			drain_events();
+		return hit;
 	}
 	const Policy policy = for_access(resolve(pd), access);
 	const Key k = key_for(policy);
@@ -570,8 +639,10 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 	std::unique_ptr<Entry> fresh_entry;
 	Key want = k;
 	// Cleared when the union cannot be registered (a neighbour's pages went
-	// away meanwhile): then k alone replaces what it overlaps (a purge).
-	bool merge = true;
+	// away meanwhile) or was registered max_union_passes times: then k alone
+	// replaces what it overlaps (a purge). Never set for remote access.
+	bool merge = !exposed(access);
+	int passes = 0;
 	try {
 		for (;;) {
 			{
@@ -585,16 +656,17 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 						dead.add(std::move(fresh_entry));
 					return take(e); // another thread registered it meanwhile
 				}
-				auto over = overlapping(want, dead);
-				Key u = want;
+				// The union of k and what overlaps it now: a
+				// neighbour gone stale since the last pass leaves it.
+				Key u = k;
 				if (merge)
-					for (Entry *o : over) {
+					for (Entry *o : overlapping(k, dead)) {
 						u.start = std::min(u.start, o->key.start);
 						u.end = std::max(u.end, o->key.end);
 					}
 				if (fresh_entry && u == fresh_entry->key &&
 				    fresh(fresh_entry.get())) {
-					for (Entry *o : over) {
+					for (Entry *o : overlapping(u, dead)) {
 						invalidate(o, dead); // the new entry covers it
 						merged_++;
 					}
@@ -602,11 +674,29 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 					insert(std::move(fresh_entry));
 					misses_++;
 					evict(dead);
-					remember(result, pd, a, access);
+					if (exposed(access) && !result->watch)
+						invalidate(result, dead); // unwatched: used once
+					else
+						remember(result, pd, a, access);
 					return result;
 				}
-				if (policy == Policy::Pinned && !mw_)
+				if (!mw_ && policy == Policy::Pinned)
 					mw_ = std::make_unique<Memwatch>();
+				if (!mw_ && !no_memwatch_ && exposed(access)) {
+					try {
+						mw_ = std::make_unique<Memwatch>();
+					} catch (const verbs::Error &e) {
+						// Only a kernel without memwatch is
+						// final; anything else, try next time.
+						no_memwatch_ = e.err() == EOPNOTSUPP;
+					}
+				}
+				// A union registered max_union_passes times and
+				// stale each time: k alone from now on.
+				if (u != k && ++passes > max_union_passes) {
+					merge = false;
+					u = k;
+				}
 				want = u;
 			}
 			if (fresh_entry)
@@ -637,6 +727,8 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 // is over its limits.
 bool RegCache::put(Entry *e)
 {
+	if (e->owner != this) // another cache's registration
+		return false;
 	uint32_t refs = e->refs.load();
 	do {
 		if (refs == 0 || refs == no_refs)

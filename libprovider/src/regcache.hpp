@@ -110,6 +110,7 @@ private:
 	Entry *recall(ibv_pd *pd, uintptr_t a, uintptr_t end, unsigned access);
 	void evict(Graveyard &dead);
 	size_t process_events_locked(Graveyard &dead);
+	void drain_events() noexcept;
 	// Deregisters e and keeps its memory as a shell for a later entry.
 	void destroy(std::unique_ptr<Entry> e) noexcept;
 	void shelve(std::unique_ptr<Entry> e) noexcept;
@@ -132,6 +133,8 @@ private:
 	std::unordered_map<uint32_t, Entry *> by_watch_;
 	std::map<ibv_pd *, Policy> pd_policy_;
 	std::unique_ptr<Memwatch> mw_;
+	bool no_memwatch_ = false; // no memwatch in this kernel: exposed ODP is not kept
+	std::atomic<bool> drain_pending_{false}; // a drain found the lock taken
 	uint64_t bytes_ = 0;
 
 	std::mutex reap_mu_;

@@ -12,8 +12,10 @@
 #include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <linux/userfaultfd.h>
 #include <malloc.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -26,6 +28,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -653,6 +656,111 @@ void overlap(int policy)
 	CHECK(c.stats().hits == s.hits + 1);
 }
 
+// A union whose neighbour changes while it registers is not registered
+// again with the neighbour's range (userspace audit M1). Cached: N = [32K,
+// 96K). A get of [0, 64K) registers the union [0, 96K); its first page is
+// missing under userfaultfd, and the handler, while the registration waits
+// on it, discards N's upper half (an allocator's purge) before it supplies
+// the page. N is then stale and the union too: the next attempt must
+// register [0, 64K) alone, never pin [64K, 96K) again for nobody.
+void union_loses_a_changed_neighbour()
+{
+	constexpr size_t K = 1024;
+	Peer p;
+	Cache c(ODPWATCH_CACHE_PINNED);
+	verbs::Mapping m(96 * K, slot_address(44));
+	std::byte *a = m.data();
+	std::memset(a + 32 * K, 0x4e, 64 * K); // [0, 32K) stays untouched
+	p.send_range(c.c, a + 32 * K, 64 * K);
+	CHECK(c.stats().entries == 1 && c.stats().bytes == 64 * K);
+
+	const int uffd = int(syscall(SYS_userfaultfd, O_CLOEXEC));
+	CHECK(uffd >= 0);
+	uffdio_api api{.api = UFFD_API, .features = 0, .ioctls = 0};
+	CHECK(ioctl(uffd, UFFDIO_API, &api) == 0);
+	uffdio_register reg{};
+	reg.range = {reinterpret_cast<uintptr_t>(a), 32 * K};
+	reg.mode = UFFDIO_REGISTER_MODE_MISSING;
+	CHECK(ioctl(uffd, UFFDIO_REGISTER, &reg) == 0);
+	std::atomic<int> purged{0};
+	// The handler owns the descriptor: closing it, on every way out, lets
+	// a fault it did not serve go on without it (no hang).
+	std::thread handler([&] {
+		pollfd pfd{.fd = uffd, .events = POLLIN, .revents = 0};
+		uffd_msg msg{};
+		if (poll(&pfd, 1, 30000) == 1 && read(uffd, &msg, sizeof(msg)) == sizeof(msg) &&
+		    msg.event == UFFD_EVENT_PAGEFAULT) {
+			purged = madvise(a + 64 * K, 32 * K, MADV_DONTNEED) == 0 ? 1 : -1;
+			uffdio_zeropage zp{};
+			zp.range = {reinterpret_cast<uintptr_t>(a), 32 * K};
+			ioctl(uffd, UFFDIO_ZEROPAGE, &zp);
+		}
+		close(uffd);
+	});
+	odpwatch_cache_reg *r = nullptr;
+	const int rc = odpwatch_cache_get(c.c, p.pd.get(), a, 64 * K, local_access, &r);
+	handler.join();
+	CHECK_RC(rc, 0);
+	CHECK(purged == 1);
+	auto s = c.stats();
+	std::printf("# after the purge: %lu entries, %lu bytes, %lu registrations, "
+		    "%lu invalidations\n",
+		    (unsigned long)s.entries, (unsigned long)s.bytes,
+		    (unsigned long)s.registrations, (unsigned long)s.invalidations);
+	CHECK(s.entries == 1 && s.bytes == 64 * K);
+	CHECK(odpwatch_cache_reg_mr(r)->length == 64 * K);
+	CHECK_RC(odpwatch_cache_put(c.c, r), 0);
+}
+
+// This process's pinned memory (VmPin), in KiB.
+unsigned long vm_pin_kib()
+{
+	std::ifstream status("/proc/self/status");
+	for (std::string line; std::getline(status, line);)
+		if (line.rfind("VmPin:", 0) == 0)
+			return std::stoul(line.substr(6));
+	throw Failure("no VmPin in /proc/self/status");
+}
+
+// Memory freed during a phase of hits is not kept pinned until the next
+// miss (userspace audit M2): a 64 MiB buffer registered, put and unmapped,
+// then only hits on another buffer, as an application's steady state. Its
+// pages must be unpinned within those hits, not at the next miss.
+void hits_release_freed_memory()
+{
+	constexpr size_t big = 64 << 20;
+	Peer p;
+	Cache c(ODPWATCH_CACHE_PINNED);
+	verbs::Mapping small = filled(slot_address(45), 0x11);
+	p.send(c.c, small); // the buffer the hits go to, registered first
+	const unsigned long before = vm_pin_kib();
+	verbs::Mapping m(big, slot_address(46));
+	std::memset(m.data(), 0x22, big);
+	odpwatch_cache_reg *r = nullptr;
+	CHECK_RC(odpwatch_cache_get(c.c, p.pd.get(), m.data(), big, local_access, &r), 0);
+	CHECK_RC(odpwatch_cache_put(c.c, r), 0);
+	CHECK(vm_pin_kib() == before + big / 1024);
+	m.unmap();
+	for (int i = 0; i < 100000; i++) {
+		CHECK_RC(odpwatch_cache_get(c.c, p.pd.get(), small.data(), buf_len, local_access,
+					    &r),
+			 0);
+		CHECK_RC(odpwatch_cache_put(c.c, r), 0);
+	}
+	// The reaper deregisters what the hits dropped: give it a moment.
+	unsigned long pinned = vm_pin_kib();
+	for (int i = 0; i < 50 && pinned != before; i++) {
+		std::this_thread::sleep_for(std::chrono::milliseconds(100));
+		pinned = vm_pin_kib();
+	}
+	auto s = c.stats();
+	std::printf("# after 100000 hits: VmPin %lu KiB (%lu before the 64 MiB buffer), "
+		    "%lu entries, %lu misses\n",
+		    pinned, before, (unsigned long)s.entries, (unsigned long)s.misses);
+	CHECK(pinned == before);
+	CHECK(s.entries == 1 && s.misses == 2);
+}
+
 // Registration refused for RLIMIT_MEMLOCK (ENOMEM): the cache drops its
 // unused registrations and tries once more, as libfabric's cache does. In a
 // child without CAP_IPC_LOCK whose limit holds the peer's buffer and three
@@ -939,6 +1047,13 @@ void bad_input()
 	CHECK_RC(odpwatch_cache_put(cache.c, r), 0);
 	CHECK_RC(odpwatch_cache_put(cache.c, r), -EINVAL); // a second put
 	CHECK_RC(odpwatch_cache_put(cache.c, nullptr), -EINVAL);
+	// Put to another cache (audit M4): refused, the owner's reference kept.
+	Cache other(ODPWATCH_CACHE_PINNED);
+	CHECK_RC(odpwatch_cache_get(cache.c, p.pd.get(), buf.data(), 8, local_access, &r), 0);
+	CHECK_RC(odpwatch_cache_put(other.c, r), -EINVAL);
+	CHECK(cache.stats().in_use == 1);
+	CHECK_RC(odpwatch_cache_put(cache.c, r), 0);
+	CHECK(cache.stats().in_use == 0);
 	CHECK(odpwatch_cache_reg_mr(nullptr) == nullptr);
 	CHECK_RC(odpwatch_cache_query(cache.c, nullptr), -EINVAL);
 	CHECK(std::string(odpwatch_cache_policy_name(42)) == "unknown");
@@ -962,6 +1077,8 @@ const std::map<std::string, std::function<void()>> cases = {
 	{"overlap-pinned", [] { overlap(ODPWATCH_CACHE_PINNED); }},
 	{"overlap-explicit-odp", [] { overlap(ODPWATCH_CACHE_EXPLICIT_ODP); }},
 	{"memlock-retry", memlock_retry},
+	{"union-loses-a-changed-neighbour", union_loses_a_changed_neighbour},
+	{"hits-release-freed-memory", hits_release_freed_memory},
 	{"fork-child", fork_child},
 	{"default-limits", default_limits},
 	{"eviction-order", eviction_order},
