@@ -222,3 +222,69 @@ def test_read_response_fault_out_of_memory_is_retried(ctx, pd):
         pinned.close()
         munmap(src, size)
         munmap(dst, size)
+
+
+FAIL_MAP = os.path.join(DEBUGFS, "fail_rxe_odp_map")
+
+
+@contextlib.contextmanager
+def fail_rxe_odp_map(times):
+    """rxe's fail_rxe_odp_map: the next @times mappings of an ODP access's
+    pages fail as an invalidation racing with them would. Yields a function
+    that counts the failures injected so far."""
+    knobs = {}
+    try:
+        want = {"interval": "1", "times": str(times), "space": "0", "verbose": "0",
+                "task-filter": "N", "probability": "100"}
+        for name, value in want.items():
+            path = os.path.join(FAIL_MAP, name)
+            with open(path) as f:
+                knobs[path] = f.read().strip()
+            with open(path, "w") as f:
+                f.write(value)
+
+        def injected():
+            with open(os.path.join(FAIL_MAP, "times")) as f:
+                return times - int(f.read())
+
+        yield injected
+    finally:
+        for path in sorted(knobs, key=lambda p: not p.endswith("probability")):
+            with open(path, "w") as f:
+                f.write(knobs[path])
+
+
+@pytest.mark.skipif(not os.path.isdir(FAIL_MAP),
+                    reason="no fail_rxe_odp_map: kernel without CONFIG_FAULT_INJECTION_DEBUG_FS "
+                           "(the debug kernel runs this)")
+@pytest.mark.parametrize("size", [64, 16 << 10], ids=["one-response", "several-responses"])
+def test_first_read_response_built_again_is_the_first(ctx, pd, size):
+    """The first response of an RDMA READ whose copy out of an ODP MR fails
+    transiently is built again when the responder next runs (rxe review H2).
+    It must still go out as the first (RESPONSE_ONLY or FIRST): built as
+    LAST or MIDDLE, rxe's requester completed the READ as successful with
+    its buffer never written, and warned. The source's pages are all
+    present; fail_rxe_odp_map fails the first mapping, the READ's first
+    copy. The READ must complete with the source's bytes."""
+    requester, _responder = LoopbackQP.pair(ctx, pd)
+    length = 64 << 10
+    src, dst = mmap_anon(length), mmap_anon(length)
+    data = bytes((i * 29 + 3) & 0xFF for i in range(size))
+    ctypes.memmove(src, data, size)
+    ctypes.memset(dst, 0xEE, length)
+    odp = MR(pd, length, e.IBV_ACCESS_ON_DEMAND | e.IBV_ACCESS_LOCAL_WRITE |
+             e.IBV_ACCESS_REMOTE_READ, address=src)
+    pinned = MR(pd, length, e.IBV_ACCESS_LOCAL_WRITE, address=dst)
+    try:
+        with fail_rxe_odp_map(1) as injected:
+            status = requester.rdma(e.IBV_WR_RDMA_READ, pinned, dst, size, odp, src,
+                                    timeout=60)
+            n = injected()
+        assert n == 1, f"{n} mapping failures injected, not 1"
+        assert status == e.IBV_WC_SUCCESS, f"READ ended with status {status}"
+        assert_bytes(ctypes.string_at(dst, size), data)
+    finally:
+        odp.close()
+        pinned.close()
+        munmap(src, length)
+        munmap(dst, length)

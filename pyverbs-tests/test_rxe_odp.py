@@ -600,6 +600,92 @@ def test_dereg_waits_for_a_fault_stuck_on_userfaultfd(ctx, pd, local):
         munmap(buf, LEN)
 
 
+@pytest.mark.parametrize("work", ["prefetch", "responder-fault"])
+def test_queued_work_never_outlives_its_mr(ctx, pd, local, work):
+    """Work queued for an ODP MR holds it until the work ends, and its
+    deregistration does not wait behind other MRs' work (rxe review H1).
+    40 MRs lie over a userfaultfd range nobody serves yet and get 16
+    asynchronous PREFETCH_WRITEs each, one per page: 640 work items that
+    block, more than rxe's ODP work queue runs at once (512 in our guest,
+    256 per NUMA node; 16 is the most an MR may have queued). MR B, over
+    fresh memory, then gets work of its own, queued behind them (a
+    prefetch, or the fault the responder queues for a peer's RDMA WRITE
+    into an absent page), and is deregistered. ibv_dereg_mr() must return
+    before the userfaultfd is served (up to 70 s later), with no kernel
+    warning. Before, it gave up after 50 s ("cleanup failed", a WARNING)
+    and B's work ran on the freed MR once the faults were answered (KASAN
+    on the debug kernel); waiting for queued work alone would wait for the
+    userfaultfd."""
+    mrs = 40
+    region, b = mmap_anon(mrs * LEN), mmap_anon(LEN)
+    uffd = libc.syscall(SYS_userfaultfd, os.O_CLOEXEC)
+    assert uffd >= 0, os.strerror(ctypes.get_errno())
+    dereg_done, served = threading.Event(), threading.Event()
+
+    def serve():
+        # Once B's deregistration returned, or at the latest after 70 s
+        # (longer than rxe_cleanup()'s 50 s): every page, one by one.
+        dereg_done.wait(70)
+        served.set()
+        for page in range(0, mrs * LEN, PAGE):
+            try:
+                fcntl.ioctl(uffd, UFFDIO_ZEROPAGE,
+                            bytearray(struct.pack("QQQq", region + page, PAGE, 0, 0)))
+            except OSError as err:
+                assert err.errno == errno.EEXIST, err
+
+    server = threading.Thread(target=serve)
+    stuck, requester = [], None
+    try:
+        fcntl.ioctl(uffd, UFFDIO_API, bytearray(struct.pack("QQQ", UFFD_API, 0, 0)))
+        fcntl.ioctl(uffd, UFFDIO_REGISTER,
+                    bytearray(struct.pack("QQQQ", region, mrs * LEN,
+                                          UFFDIO_REGISTER_MODE_MISSING, 0)))
+        stuck = [MR(pd, LEN, ODP, address=region + i * LEN) for i in range(mrs)]
+        mr_b = MR(pd, LEN, ODP, address=b)
+        warnings0 = len(kernel_warnings())
+        for i, mr in enumerate(stuck):
+            for page in range(0, LEN, PAGE):
+                pd.advise_mr(PREFETCH_WRITE, 0, [SGE(region + i * LEN + page, PAGE, mr.lkey)])
+        readable, _, _ = select.select([uffd], [], [], 60)
+        assert readable, "no prefetch faulted"
+        server.start()
+        if work == "prefetch":
+            pd.advise_mr(PREFETCH_WRITE, 0, [SGE(b, LEN, mr_b.lkey)])
+        else:
+            requester, _responder = LoopbackQP.pair(ctx, pd)
+            local.write(pattern(64, 9), 64)
+            wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1,
+                        sg=[SGE(local.buf, 64, local.lkey)])
+            wr.set_wr_rdma(mr_b.rkey, b)
+            requester.qp.post_send(wr)
+            time.sleep(1)  # the responder's check queues the fault
+        t0 = time.monotonic()
+        mr_b.close()
+        took = time.monotonic() - t0
+        before_served = not served.is_set()
+        dereg_done.set()
+        server.join()
+        if requester:
+            requester.wait(timeout=120)  # the write ends, one way or the other
+        for mr in stuck:
+            mr.close()
+        time.sleep(2)  # anything still queued runs
+        print(f"ibv_dereg_mr of B took {took:.1f} s")
+        new = kernel_warnings()[warnings0:]
+        assert not new, f"kernel warnings: {new}"
+        assert before_served, "ibv_dereg_mr waited for other MRs' faults"
+    finally:
+        dereg_done.set()
+        if server.is_alive():
+            server.join()
+        os.close(uffd)  # wakes any fault still waiting for it
+        for mr in stuck:
+            mr.close()
+        munmap(region, mrs * LEN)
+        munmap(b, LEN)
+
+
 def test_implicit_mr_refuses_flush_access(pd):
     """A FLUSH of a whole MR names its length: of an implicit MR, the whole
     address space (and rxe's flush length was cut to 32 bits on the way).
