@@ -208,7 +208,7 @@ remove_stale_tmp() {
 key_of() { cat "$@" | sha256sum | cut -c1-12; }
 
 # background_kernel TREE VARIANT: build VARIANT's kernel of TREE in the
-# background at idle priority (SCHED_IDLE), logging to $OUT/.kernel-VARIANT.log;
+# background at idle priority (SCHED_IDLE, nice 19), logging to $OUT/.kernel-VARIANT.log;
 # its PID in $OUT/.kernel-VARIANT.pid. wait_background_kernel VARIANT waits for
 # it (with progress) before the foreground build of that variant, which then
 # finds it done, or does what is left and reports any error itself.
@@ -225,6 +225,21 @@ background_kernel_pid() {
 	local pid
 	pid=$(cat "$OUT/.kernel-$1.pid" 2>/dev/null) || return 0
 	{ tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null | grep -q build-kernel.sh && echo "$pid"
+	return 0
+}
+# promote_background_kernel VARIANT: that build at normal priority from now
+# on (make and what runs under it; what make starts later inherits it).
+promote_background_kernel() {
+	local pid
+	pid=$(background_kernel_pid "$1")
+	[ -n "$pid" ] || return 0
+	promote_tree "$pid"
+	log "kernel: the $1 kernel's background build goes on at normal priority"
+}
+promote_tree() {
+	local c
+	chrt --other -p 0 "$1" >/dev/null 2>&1 && renice -n 0 -p "$1" >/dev/null 2>&1
+	for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do promote_tree "$c"; done
 	return 0
 }
 wait_background_kernel() {
