@@ -643,6 +643,7 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 	// replaces what it overlaps (a purge). Never set for remote access.
 	bool merge = !exposed(access);
 	int passes = 0;
+	uint64_t stale_seen = invalidations_.load();
 	try {
 		for (;;) {
 			{
@@ -656,17 +657,30 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 						dead.add(std::move(fresh_entry));
 					return take(e); // another thread registered it meanwhile
 				}
-				// The union of k and what overlaps it now: a
-				// neighbour gone stale since the last pass leaves it.
-				Key u = k;
+				// The union so far and what overlaps it now. An
+				// entry found stale since (by these lookups, the
+				// events just read, or another thread) may have
+				// been part of it: then from k again, so that its
+				// range is not registered anew.
+				Key u = want;
+				auto over = overlapping(u, dead);
+				if (invalidations_.load() != stale_seen) {
+					u = k;
+					over = overlapping(k, dead);
+				}
+				stale_seen = invalidations_.load();
 				if (merge)
-					for (Entry *o : overlapping(k, dead)) {
+					for (Entry *o : over) {
 						u.start = std::min(u.start, o->key.start);
 						u.end = std::max(u.end, o->key.end);
 					}
-				if (fresh_entry && u == fresh_entry->key &&
-				    fresh(fresh_entry.get())) {
-					for (Entry *o : overlapping(u, dead)) {
+				// A fresh registration holding u will do: its
+				// memory did not change while it registered, even
+				// where a neighbour was dropped meanwhile (evicted
+				// for RLIMIT_MEMLOCK, as register_range() does).
+				if (fresh_entry && fresh_entry->key.start <= u.start &&
+				    fresh_entry->key.end >= u.end && fresh(fresh_entry.get())) {
+					for (Entry *o : overlapping(fresh_entry->key, dead)) {
 						invalidate(o, dead); // the new entry covers it
 						merged_++;
 					}
