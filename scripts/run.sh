@@ -6,8 +6,8 @@
 . "$(dirname "$0")/lib.sh"
 
 job=$1 variant=${2:-std}
-# The debug guest (KASAN, lockdep under TCG) runs its suites in ~40 minutes
-# beside the production lane (2470 s in the run at f6bc921, docs/ci.md),
+# The debug guest (KASAN, lockdep under TCG) runs its suites in ~25 minutes
+# beside the production lane (1469 s in the run at 1b0e1ef, docs/ci.md),
 # depending on the host's load: give it more room than the default 1800 s.
 [ "$variant" = debug ] && export TIMEOUT=${TIMEOUT:-3600}
 # The process that started this run (make): run-vm.sh stops the guest when
@@ -29,7 +29,7 @@ fi
 # make check lists it at the end; .ci/run's hard limit is what fails a run.
 declare -A budget=([host]=300 [materialise]=240 [kernel-std]=900 [kernel-debug]=1200
 	[series]=150 [series-fixes]=1500 [lint]=120 [i386]=300 [rootfs]=300 [rdma-core]=360 [userspace]=300 [libfabric]=600
-	[guest-check-std]=1300 [guest-check-debug]=2700 [cluster]=600 [middleware]=900 [rdma-fixes]=240
+	[guest-check-std]=900 [guest-check-debug]=1800 [cluster]=600 [middleware]=800 [rdma-fixes]=240
 	[bench-wire]=2400)
 budgeted() { STAGE_BUDGET=${budget[$1]:-} stage "${@:2}"; }
 # A stage on the two-guest cluster, in $OUT/$dir/SUB: node 0 runs CMD0, node 1 CMD1.
