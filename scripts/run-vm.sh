@@ -27,6 +27,9 @@ if [ "$cpus" -ge 2 ]; then
 	numa="-object memory-backend-ram,id=mem0,size=${half}M -numa node,nodeid=0,cpus=0,memdev=mem0"
 	numa+=" -object memory-backend-ram,id=mem1,size=$((mem - half))M -numa node,nodeid=1,cpus=1-$((cpus - 1)),memdev=mem1"
 fi
+# The root (read-only, unchanged while a guest runs) is mounted with
+# cache=loose: without a page cache every exec read its binary and libraries
+# again from the host, ~4 s on the debug kernel (docs/ci.md).
 # shellcheck disable=SC2046,SC2086
 qemu-system-x86_64 -machine pc -accel tcg,thread=multi -cpu max -smp "$cpus" -m "${mem}M" $numa \
 	-nic none -display none -no-reboot -monitor none \
