@@ -574,8 +574,7 @@ RegCache::Entry *RegCache::recall(ibv_pd *pd, uintptr_t a, uintptr_t end, unsign
 	}
 	if (!e->used.load(std::memory_order_relaxed))
 		e->used.store(true, std::memory_order_relaxed);
-	if (++hits_ % drain_every == 0 || drain_pending_.load(std::memory_order_relaxed))
-		drain_events();
+	drain_if_due(++hits_);
 	return e;
 }
 
@@ -583,6 +582,13 @@ RegCache::Entry *RegCache::recall(ibv_pd *pd, uintptr_t a, uintptr_t end, unsign
 // the application freed would stay pinned (and charged to RLIMIT_MEMLOCK)
 // until the next miss. So every drain_every-th hit drops what was freed
 // meanwhile, unless another thread holds the lock (it may be doing so).
+// Called after a hit, with the hit count it reached.
+void RegCache::drain_if_due(uint64_t hits) noexcept
+{
+	if (hits % drain_every == 0 || drain_pending_.load(std::memory_order_relaxed))
+		drain_events();
+}
+
 void RegCache::drain_events() noexcept
 {
 	try {
@@ -624,9 +630,7 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 			}
 	}
 	if (hit) {
-		if (hits_.load(std::memory_order_relaxed) % drain_every == 0 ||
-		    drain_pending_.load(std::memory_order_relaxed))
-			drain_events();
+		drain_if_due(hits_.load(std::memory_order_relaxed));
 		return hit;
 	}
 	const Policy policy = for_access(resolve(pd), access);

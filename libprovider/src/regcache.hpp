@@ -110,6 +110,7 @@ private:
 	Entry *recall(ibv_pd *pd, uintptr_t a, uintptr_t end, unsigned access);
 	void evict(Graveyard &dead);
 	size_t process_events_locked(Graveyard &dead);
+	void drain_if_due(uint64_t hits) noexcept;
 	void drain_events() noexcept;
 	// Deregisters e and keeps its memory as a shell for a later entry.
 	void destroy(std::unique_ptr<Entry> e) noexcept;

@@ -3,6 +3,8 @@
 // the program reports as its test's "not ok" line.
 #pragma once
 
+#include <cstddef>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 
@@ -12,6 +14,16 @@ namespace odpwatch::test
 struct Failure : std::runtime_error {
 	using std::runtime_error::runtime_error;
 };
+
+// Pages this process has pinned (mm->pinned_vm), from /proc/self/status.
+inline size_t vm_pin_kib()
+{
+	std::ifstream status("/proc/self/status");
+	for (std::string line; std::getline(status, line);)
+		if (line.rfind("VmPin:", 0) == 0)
+			return std::stoul(line.substr(6));
+	throw Failure("no VmPin in /proc/self/status");
+}
 
 } // namespace odpwatch::test
 

@@ -47,6 +47,7 @@
 #include <vector>
 
 using namespace odpwatch;
+using odpwatch::test::vm_pin_kib;
 
 namespace
 {
@@ -54,16 +55,6 @@ namespace
 constexpr size_t KiB = 1024, MiB = 1024 * KiB;
 constexpr unsigned kPinned = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
 constexpr unsigned kOdp = kPinned | IBV_ACCESS_ON_DEMAND;
-
-// Pages this process has pinned (mm->pinned_vm), from /proc/self/status.
-size_t vm_pin_kib()
-{
-	std::ifstream status("/proc/self/status");
-	for (std::string line; std::getline(status, line);)
-		if (line.rfind("VmPin:", 0) == 0)
-			return std::stoul(line.substr(6));
-	throw test::Failure("no VmPin in /proc/self/status");
-}
 
 // Without CAP_IPC_LOCK, RLIMIT_MEMLOCK binds even root.
 void drop_ipc_lock()

@@ -41,6 +41,7 @@
 
 using namespace odpwatch;
 using odpwatch::test::Failure;
+using odpwatch::test::vm_pin_kib;
 
 namespace
 {
@@ -712,16 +713,6 @@ void union_loses_a_changed_neighbour()
 	CHECK_RC(odpwatch_cache_put(c.c, r), 0);
 }
 
-// This process's pinned memory (VmPin), in KiB.
-unsigned long vm_pin_kib()
-{
-	std::ifstream status("/proc/self/status");
-	for (std::string line; std::getline(status, line);)
-		if (line.rfind("VmPin:", 0) == 0)
-			return std::stoul(line.substr(6));
-	throw Failure("no VmPin in /proc/self/status");
-}
-
 // Memory freed during a phase of hits is not kept pinned until the next
 // miss (userspace audit M2): a 64 MiB buffer registered, put and unmapped,
 // then only hits on another buffer, as an application's steady state. Its
@@ -733,7 +724,7 @@ void hits_release_freed_memory()
 	Cache c(ODPWATCH_CACHE_PINNED);
 	verbs::Mapping small = filled(slot_address(45), 0x11);
 	p.send(c.c, small); // the buffer the hits go to, registered first
-	const unsigned long before = vm_pin_kib();
+	const size_t before = vm_pin_kib();
 	verbs::Mapping m(big, slot_address(46));
 	std::memset(m.data(), 0x22, big);
 	odpwatch_cache_reg *r = nullptr;
@@ -748,13 +739,13 @@ void hits_release_freed_memory()
 		CHECK_RC(odpwatch_cache_put(c.c, r), 0);
 	}
 	// The reaper deregisters what the hits dropped: give it a moment.
-	unsigned long pinned = vm_pin_kib();
+	size_t pinned = vm_pin_kib();
 	for (int i = 0; i < 50 && pinned != before; i++) {
 		std::this_thread::sleep_for(std::chrono::milliseconds(100));
 		pinned = vm_pin_kib();
 	}
 	auto s = c.stats();
-	std::printf("# after 100000 hits: VmPin %lu KiB (%lu before the 64 MiB buffer), "
+	std::printf("# after 100000 hits: VmPin %zu KiB (%zu before the 64 MiB buffer), "
 		    "%lu entries, %lu misses\n",
 		    pinned, before, (unsigned long)s.entries, (unsigned long)s.misses);
 	CHECK(pinned == before);
