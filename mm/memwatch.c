@@ -11,9 +11,17 @@
  * changed the mapping returns, and never sleeps: it also serves the OOM
  * reaper's non-blockable invalidations.
  *
+ * Every invalidation of the mm calls each watch that overlaps it, in the
+ * context of whoever invalidates: kswapd, another process's reclaim,
+ * compaction, the OOM reaper. So the watches of all descriptors of an mm
+ * are kept in one interval tree as well, and ADD refuses a range that
+ * vm.memwatch_max_overlap of them already overlap: no address of the mm is
+ * under more watches than that, however many the process holds.
+ *
  * Locking: ctx->lock (mutex) serialises add, remove, queue resize and reads;
  * ctx->qlock (spinlock) protects the event ring, the statistics and the
  * generation words, and is the only lock the notifier callback takes.
+ * memwatch_mm.lock, taken inside ctx->lock, protects the mm's tree.
  *
  * See Documentation/userspace-api/memwatch.rst.
  */
@@ -22,6 +30,8 @@
 #include <linux/cred.h>
 #include <linux/file.h>
 #include <linux/fs.h>
+#include <linux/hashtable.h>
+#include <linux/interval_tree_generic.h>
 #include <linux/math64.h>
 #include <linux/mm.h>
 #include <linux/mmu_notifier.h>
@@ -46,15 +56,38 @@
 /*
  * Defaults of /proc/sys/user/max_memwatch_{watches,descriptors}: a pinned
  * registration cache needs one watch per cached registration (tens of
- * thousands in MPI runs); 1M watches is ~140 MiB of kernel memory, charged
+ * thousands in MPI runs); 1M watches is ~170 MiB of kernel memory, charged
  * to the memory cgroup. Descriptors bound the event rings: 128 of the
  * largest (MEMWATCH_QUEUE_MAX records, 2.5 MiB) is 320 MiB at most.
  */
 #define MEMWATCH_USER_WATCHES	BIT(20)
 #define MEMWATCH_USER_DESCRIPTORS 128
+/*
+ * Default of vm.memwatch_max_overlap. A registration cache's watches rarely
+ * overlap: a few libraries' caches over one hot buffer, or small buffers
+ * sharing a page. The bound is what one invalidation of a page may cost
+ * others: 256 callbacks of a few stores each.
+ */
+#define MEMWATCH_MAX_OVERLAP	256
+
+/*
+ * The watches of every descriptor of one mm, found by the mm: ADD counts
+ * the watches a new range overlaps here.
+ */
+struct memwatch_mm {
+	struct hlist_node link;		/* in memwatch_mms */
+	struct mm_struct *mm;
+	unsigned int descriptors;	/* under memwatch_mms_lock */
+	struct mutex lock;		/* watches */
+	struct rb_root_cached watches;
+};
+
+static DEFINE_HASHTABLE(memwatch_mms, 6);
+static DEFINE_MUTEX(memwatch_mms_lock);
 
 struct memwatch_ctx {
 	struct mm_struct *mm;		/* watched mm, held with mmgrab() */
+	struct memwatch_mm *mmw;	/* its watches, all descriptors' */
 	struct ucounts *ucounts;	/* per-user limits; holds one descriptor */
 	struct mutex lock;
 	spinlock_t qlock;		/* ring, stats, words; notifier-safe */
@@ -70,11 +103,14 @@ struct memwatch_ctx {
 };
 
 /*
- * 112 bytes: with the id map (~9 bytes a watch) a watch costs less than 128
+ * 144 bytes: with the id map (~9 bytes a watch) a watch costs less than 160
  * bytes plus its generation word, which is found, not stored.
  */
 struct memwatch_watch {
 	struct mmu_interval_notifier notifier;
+	/* In ctx->mmw->watches; the range is the notifier's. */
+	struct rb_node mm_rb;
+	u64 subtree_last;
 	struct memwatch_ctx *ctx;
 	u64 cookie;
 	u32 queued;			/* 1 + ring index of its last record, or 0 */
@@ -83,6 +119,11 @@ struct memwatch_watch {
 };
 
 static struct kmem_cache *memwatch_watch_cache;
+
+#define memwatch_start(w)	((w)->notifier.interval_tree.start)
+#define memwatch_last(w)	((w)->notifier.interval_tree.last)
+INTERVAL_TREE_DEFINE(struct memwatch_watch, mm_rb, u64, subtree_last,
+		     memwatch_start, memwatch_last, static, memwatch_tree);
 
 /*
  * vm.unprivileged_memwatch: whether a process without CAP_IPC_LOCK may
@@ -94,6 +135,8 @@ static struct kmem_cache *memwatch_watch_cache;
  * serves (RDMA registration caches) are those that pin memory.
  */
 static int sysctl_unprivileged_memwatch __read_mostly = 1;
+/* vm.memwatch_max_overlap: see the top of this file. */
+static int sysctl_memwatch_max_overlap __read_mostly = MEMWATCH_MAX_OVERLAP;
 
 static const struct ctl_table memwatch_sysctls[] = {
 	{
@@ -105,7 +148,67 @@ static const struct ctl_table memwatch_sysctls[] = {
 		.extra1		= SYSCTL_ZERO,
 		.extra2		= SYSCTL_ONE,
 	},
+	{
+		.procname	= "memwatch_max_overlap",
+		.data		= &sysctl_memwatch_max_overlap,
+		.maxlen		= sizeof(sysctl_memwatch_max_overlap),
+		.mode		= 0644,
+		.proc_handler	= proc_dointvec_minmax,
+		.extra1		= SYSCTL_ONE,
+		.extra2		= SYSCTL_INT_MAX,
+	},
 };
+
+/* The watches of @mm, shared by its descriptors; NULL without memory. */
+static struct memwatch_mm *memwatch_mm_get(struct mm_struct *mm)
+{
+	struct memwatch_mm *mmw;
+
+	mutex_lock(&memwatch_mms_lock);
+	hash_for_each_possible(memwatch_mms, mmw, link, (unsigned long)mm)
+		if (mmw->mm == mm)
+			goto found;
+	mmw = kzalloc_obj(*mmw, GFP_KERNEL_ACCOUNT);
+	if (!mmw)
+		goto out;
+	mmw->mm = mm;
+	mutex_init(&mmw->lock);
+	mmw->watches = RB_ROOT_CACHED;
+	hash_add(memwatch_mms, &mmw->link, (unsigned long)mm);
+found:
+	mmw->descriptors++;
+out:
+	mutex_unlock(&memwatch_mms_lock);
+	return mmw;
+}
+
+/*
+ * After the descriptor's last watch is gone. The descriptor holds its mm
+ * with mmgrab() until after this, so no other mm can take the key.
+ */
+static void memwatch_mm_put(struct memwatch_mm *mmw)
+{
+	mutex_lock(&memwatch_mms_lock);
+	if (!--mmw->descriptors) {
+		hash_del(&mmw->link);
+		kfree(mmw);
+	}
+	mutex_unlock(&memwatch_mms_lock);
+}
+
+/* How many of the mm's watches overlap [@start, @last], up to @max. */
+static int memwatch_overlaps(struct memwatch_mm *mmw, u64 start, u64 last,
+			     int max)
+{
+	struct memwatch_watch *w;
+	int n = 0;
+
+	lockdep_assert_held(&mmw->lock);
+	for (w = memwatch_tree_iter_first(&mmw->watches, start, last);
+	     w && n < max; w = memwatch_tree_iter_next(w, start, last))
+		n++;
+	return n;
+}
 
 static u32 memwatch_reason(enum mmu_notifier_event event)
 {
@@ -341,9 +444,9 @@ static long memwatch_add(struct memwatch_ctx *ctx, void __user *uarg)
 {
 	struct memwatch_add arg;
 	struct memwatch_watch *w;
+	int err, max_overlap;
 	u64 *gen;
 	u32 id;
-	int err;
 
 	if (copy_from_user(&arg, uarg, sizeof(arg)))
 		return -EFAULT;
@@ -389,8 +492,19 @@ static long memwatch_add(struct memwatch_ctx *ctx, void __user *uarg)
 	 * past what ADD returns, however soon after the insert it starts.
 	 */
 	arg.generation = memwatch_read_gen(gen);
-	err = mmu_interval_notifier_insert(&w->notifier, ctx->mm, arg.addr,
-					   arg.len, &memwatch_notifier_ops);
+	/* Counted and entered under one hold of the tree's lock. */
+	mutex_lock(&ctx->mmw->lock);
+	max_overlap = READ_ONCE(sysctl_memwatch_max_overlap);
+	if (memwatch_overlaps(ctx->mmw, arg.addr, arg.addr + arg.len - 1,
+			      max_overlap) >= max_overlap)
+		err = -EMLINK;
+	else
+		err = mmu_interval_notifier_insert(&w->notifier, ctx->mm,
+						   arg.addr, arg.len,
+						   &memwatch_notifier_ops);
+	if (!err)
+		memwatch_tree_insert(w, &ctx->mmw->watches);
+	mutex_unlock(&ctx->mmw->lock);
 	if (err)
 		goto out_erase;
 	xa_store(&ctx->watches, id, w, GFP_KERNEL_ACCOUNT);
@@ -439,6 +553,9 @@ out_ucount:
 static void memwatch_destroy(struct memwatch_ctx *ctx,
 			     struct memwatch_watch *w)
 {
+	mutex_lock(&ctx->mmw->lock);
+	memwatch_tree_remove(w, &ctx->mmw->watches);
+	mutex_unlock(&ctx->mmw->lock);
 	mmu_interval_notifier_remove(&w->notifier);
 	spin_lock(&ctx->qlock);
 	/* A cached (id, generation) pair must not match a later watch. */
@@ -677,6 +794,7 @@ static int memwatch_release(struct inode *inode, struct file *file)
 	xa_destroy(&ctx->pages);
 	kvfree(ctx->ring);
 	dec_ucount(ctx->ucounts, UCOUNT_MEMWATCH_DESCRIPTORS);
+	memwatch_mm_put(ctx->mmw);
 	mmdrop(ctx->mm);
 	kfree(ctx);
 	return 0;
@@ -769,18 +887,24 @@ SYSCALL_DEFINE1(memwatch_create, unsigned int, flags)
 	ctx->ucounts = ucounts;
 	mmgrab(current->mm);
 	ctx->mm = current->mm;
+	ctx->mmw = memwatch_mm_get(ctx->mm);
+	if (!ctx->mmw) {
+		err = -ENOMEM;
+		goto err_mm;
+	}
 
 	fd = anon_inode_getfd("[memwatch]", &memwatch_fops, ctx,
 			      O_RDONLY | (flags & (O_CLOEXEC | O_NONBLOCK)));
 	if (fd < 0) {
 		/* memwatch_release() has not run: undo by hand. */
-		mmdrop(ctx->mm);
+		memwatch_mm_put(ctx->mmw);
 		err = fd;
-		goto err_pages;
+		goto err_mm;
 	}
 	return fd;
 
-err_pages:
+err_mm:
+	mmdrop(ctx->mm);
 	__free_page(hdr);
 	xa_destroy(&ctx->pages);
 err_ring:
@@ -794,7 +918,7 @@ err_ucount:
 
 static int __init memwatch_init(void)
 {
-	BUILD_BUG_ON(sizeof(struct memwatch_watch) > 112);
+	BUILD_BUG_ON(sizeof(struct memwatch_watch) > 144);
 	/* Ids and masks fit the watch's bit fields. */
 	BUILD_BUG_ON((MEMWATCH_MAX_SLOTS - 1) >> 24);
 	BUILD_BUG_ON(MEMWATCH_ALL_REASONS >> 8);

@@ -29,7 +29,7 @@ case $(uname -r) in
 	export MEMWATCH_SCALE_WATCHES=${MEMWATCH_SCALE_WATCHES:-65536}
 	export ODPWATCH_BEYOND_MIB=${ODPWATCH_BEYOND_MIB:-32}
 	;;
-*) export MEMWATCH_SCALE_MAX_BYTES=${MEMWATCH_SCALE_MAX_BYTES:-128} ;;
+*) export MEMWATCH_SCALE_MAX_BYTES=${MEMWATCH_SCALE_MAX_BYTES:-160} ;;
 esac
 # A hang costs one test, not the run: pytest's per-test timeout
 # (pytest-timeout), one per rdma-core module, the kselftest runner's own

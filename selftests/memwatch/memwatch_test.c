@@ -667,6 +667,99 @@ TEST(per_user_descriptor_limit)
 	close(sysctl);
 }
 
+static __u64 invalidations(int fd)
+{
+	struct memwatch_stats st;
+
+	return ioctl(fd, MEMWATCH_IOC_STATS, &st) ? ~0ULL : st.invalidations;
+}
+
+/*
+ * Every invalidation calls each watch that overlaps it, in whatever context
+ * invalidates (reclaim, compaction, the OOM reaper): a process must not pile
+ * watches on an address. ADD refuses with EMLINK a range that
+ * vm.memwatch_max_overlap (default 256) of the process's watches already
+ * overlap, counting every descriptor of the mm, so an invalidation of a page
+ * calls at most that many; disjoint watches are not limited by it, and
+ * another process has a bound of its own.
+ */
+TEST(overlap_bound)
+{
+	const char *path = "/proc/sys/vm/memwatch_max_overlap";
+	long page = sysconf(_SC_PAGESIZE);
+	char *buf = map_pages(page, 8), old[32] = "";
+	int a = memwatch_create(MEMWATCH_CLOEXEC);
+	int b = memwatch_create(MEMWATCH_CLOEXEC);
+	struct memwatch_add w, first;
+	int i, n, sysctl, status;
+	__u64 before;
+	ssize_t len;
+	pid_t pid;
+
+	ASSERT_NE(NULL, buf);
+	ASSERT_LE(0, a);
+	ASSERT_LE(0, b);
+	/* The default: a stack of 1024 watches on one page is cut at 256. */
+	for (n = 0; n < 1024; n++)
+		if (add_watch(a, buf, page, n, 0, n ? &w : &first))
+			break;
+	EXPECT_EQ(256, n) TH_LOG("%d watches on one page accepted", n);
+	EXPECT_EQ(EMLINK, errno);
+	/* A watch beside them is not affected, nor is one after a REMOVE. */
+	EXPECT_EQ(0, add_watch(a, buf + page, page, 0, 0, NULL));
+	EXPECT_EQ(0, remove_watch(a, first.id));
+	EXPECT_EQ(0, add_watch(a, buf, page, 0, 0, NULL));
+	close(a);
+
+	sysctl = open(path, O_RDWR);
+	ASSERT_LE(0, sysctl) TH_LOG("%s: %s", path, strerror(errno));
+	len = read(sysctl, old, sizeof(old) - 1);
+	ASSERT_LT(0, len);
+	EXPECT_EQ(256, atol(old));
+	ASSERT_LT(0, pwrite(sysctl, "4\n", 2, 0));
+	EXPECT_EQ(-1, pwrite(sysctl, "0\n", 2, 0));
+	EXPECT_EQ(EINVAL, errno);
+
+	/* Two descriptors of one mm share the bound; ranges count by overlap. */
+	a = memwatch_create(MEMWATCH_CLOEXEC);
+	ASSERT_LE(0, a);
+	EXPECT_EQ(0, add_watch(a, buf, 2 * page, 0, 0, NULL));
+	EXPECT_EQ(0, add_watch(b, buf + page, 2 * page, 0, 0, NULL));
+	EXPECT_EQ(0, add_watch(a, buf + 2 * page, page, 0, 0, NULL));
+	EXPECT_EQ(0, add_watch(b, buf, 8 * page, 0, 0, NULL));
+	/* [0, 8) overlaps all four, [4, 5) and [7, 8) only the last. */
+	EXPECT_EQ(-1, add_watch(a, buf, 8 * page, 0, 0, NULL));
+	EXPECT_EQ(EMLINK, errno);
+	EXPECT_EQ(0, add_watch(b, buf + 7 * page, page, 0, 0, NULL));
+	EXPECT_EQ(0, add_watch(a, buf + 4 * page, page, 0, 0, NULL));
+
+	/* So a change of one page calls at most 4 watches: here 3. */
+	before = invalidations(a) + invalidations(b);
+	ASSERT_EQ(0, madvise(buf + page, page, MADV_DONTNEED));
+	EXPECT_EQ(3, invalidations(a) + invalidations(b) - before);
+
+	/* Another process (a fork child: another mm) counts its own. */
+	pid = fork();
+	ASSERT_LE(0, pid);
+	if (!pid) {
+		int c = memwatch_create(0);
+
+		for (i = 0; i < 4; i++)
+			if (c < 0 || add_watch(c, buf, 8 * page, 0, 0, NULL))
+				_exit(1);
+		_exit(add_watch(c, buf, page, 0, 0, NULL) == -1 &&
+		      errno == EMLINK ? 0 : 2);
+	}
+	ASSERT_EQ(pid, waitpid(pid, &status, 0));
+	EXPECT_EQ(0, WEXITSTATUS(status));
+
+	ASSERT_LT(0, pwrite(sysctl, old, strlen(old), 0));
+	close(sysctl);
+	close(a);
+	close(b);
+	munmap(buf, 8 * page);
+}
+
 /*
  * In a child without CAP_IPC_LOCK in its effective set, or (@userns) with
  * every capability but only in a user namespace of its own: 0 if
