@@ -875,3 +875,65 @@ def test_implicit_children_are_charged_to_the_owners_memory_cgroup(pd, loopback,
                 f.write(str(os.getpid()))
             for p in pages:
                 munmap(p, PAGE)
+
+
+def rereg_error(mr, flags, pd=None, access=0):
+    """The errno of an ibv_rereg_mr() that must fail (0 if it did not)."""
+    try:
+        mr.rereg(flags, pd, 0, 0, access)
+    except Exception as err:  # PyverbsRDMAError
+        return getattr(err, "error_code", -1)
+    return 0
+
+
+def test_rereg_keeps_the_kind_of_mr(pd):
+    """ibv_rereg_mr() changes an MR's access in place (rxe's provider passes
+    it to the kernel): it cannot turn a pinned MR into an on-demand one or
+    back (mr->access would then say one thing and the umem another), nor
+    give an implicit MR the FLUSH access its registration refuses. Each is
+    EINVAL; a change that keeps the kind succeeds."""
+    buf = mmap_anon(LEN)
+    try:
+        pinned = MR(pd, LEN, e.IBV_ACCESS_LOCAL_WRITE, address=buf)
+        odp = MR(pd, LEN, ODP, address=buf)
+        whole = MR(pd, 0, ODP, implicit=True)
+        change = e.IBV_REREG_MR_CHANGE_ACCESS
+        assert rereg_error(pinned, change, access=e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_ON_DEMAND) \
+            == errno.EINVAL
+        assert rereg_error(odp, change, access=ODP & ~e.IBV_ACCESS_ON_DEMAND) == errno.EINVAL
+        assert rereg_error(whole, change, access=ODP & ~e.IBV_ACCESS_ON_DEMAND) == errno.EINVAL
+        for flush in (e.IBV_ACCESS_FLUSH_GLOBAL, e.IBV_ACCESS_FLUSH_PERSISTENT):
+            assert rereg_error(whole, change, access=ODP | flush) == errno.EINVAL
+        # What keeps the kind goes through.
+        assert rereg_error(pinned, change, access=e.IBV_ACCESS_LOCAL_WRITE |
+                           e.IBV_ACCESS_REMOTE_READ) == 0
+        assert rereg_error(odp, change, access=ODP | e.IBV_ACCESS_FLUSH_GLOBAL) == 0
+        assert rereg_error(whole, change, access=ODP & ~e.IBV_ACCESS_REMOTE_ATOMIC) == 0
+        for mr in (pinned, odp, whole):
+            mr.close()
+    finally:
+        munmap(buf, LEN)
+
+
+@pytest.mark.parametrize("kind", ["explicit", "implicit"])
+def test_rereg_access_of_an_odp_mr_takes_effect(ctx, pd, local, kind):
+    """An ODP MR registered for local access only refuses a remote WRITE;
+    re-registered with remote access, the next QP's WRITE faults its pages
+    in and lands; re-registered without, it is refused again."""
+    buf = mmap_anon(LEN)
+    access = e.IBV_ACCESS_ON_DEMAND | e.IBV_ACCESS_LOCAL_WRITE
+    mr = MR(pd, 0, access, implicit=True) if kind == "implicit" else MR(pd, LEN, access, address=buf)
+    change = e.IBV_REREG_MR_CHANGE_ACCESS
+    try:
+        local.write(pattern(LEN, 21), LEN)
+        for remote, want in ((False, e.IBV_WC_REM_ACCESS_ERR), (True, e.IBV_WC_SUCCESS),
+                             (False, e.IBV_WC_REM_ACCESS_ERR)):
+            mr.rereg(change, None, 0, 0, access | (e.IBV_ACCESS_REMOTE_WRITE if remote else 0))
+            requester, responder = LoopbackQP.pair(ctx, pd)
+            got = requester.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, LEN, mr, buf)
+            assert got == want, f"remote access {remote}: WRITE completed with status {got}"
+            if want == e.IBV_WC_SUCCESS:
+                assert_bytes(peek(buf, LEN), pattern(LEN, 21))
+    finally:
+        mr.close()
+        munmap(buf, LEN)
