@@ -248,13 +248,14 @@ def compare_with_stock(ours, stock):
 
 
 SUITES = ("selftests", "pyverbs-tests", "rdma-core", "rdma-core-vs-stock", "cluster", "middleware",
-          "rdma-fixes")
+          "examples", "rdma-fixes")
 
 
 def parse_cluster(d, name="cluster"):
-    """A two-guest suite: node 0's pytest results, and node 1 (the agent, or
-    sshd) must have finished with status 0 (the agent exits 1 if node 0
-    vanished)."""
+    """A two-guest suite: node 0's pytest results (DIR/node0/NAME.xml), and
+    node 1 (the agent, or sshd) must have finished with status 0 (the agent
+    exits 1 if node 0 vanished). The examples suite shares the middleware
+    suite's boot, and so its directory."""
     tests = parse_junit(d / "node0" / f"{name}.xml", d / "node0" / f"{name}.status")
     if tests is None:
         return None
@@ -335,6 +336,7 @@ def main():
               "rdma-core": parse_modules(d, "rdma-core"),
               "cluster": parse_cluster(d / "cluster"),
               "middleware": parse_cluster(d / "middleware", "middleware"),
+              "examples": parse_cluster(d / "middleware", "examples"),
               "rdma-fixes": parse_fixes(d / "rdma-fixes")}
     stock = parse_modules(d, "rdma-core-stock")
     # A stock module that did not run is a failure of the comparison.

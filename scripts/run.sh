@@ -129,7 +129,7 @@ if [ "$job" = check ]; then
 	debug) suites="selftests pyverbs-tests"
 		pyverbs="test_harness.py test_rxe_odp.py test_rxe_qp_events.py test_fault_injection.py test_teardown.py test_stress.py test_limits.py"
 		deselect="test_limits.py::test_demand_paging_beyond_memory[4]" ;;
-	*) suites="selftests pyverbs-tests rdma-core rdma-core-vs-stock cluster middleware" pyverbs="" ;;
+	*) suites="selftests pyverbs-tests rdma-core rdma-core-vs-stock cluster middleware examples" pyverbs="" ;;
 	esac
 	printf 'SUITES="%s"\nPYVERBS_TESTS="%s"\nPYVERBS_DESELECT="%s"\n' "$suites" "$pyverbs" "$deselect" >"$OUT/$dir/plan"
 fi
@@ -174,8 +174,9 @@ if [ "$job" = check ] && [ "$variant" = std ]; then
 	two_guests cluster "cluster suite: two guests on a wire" cluster \
 		"/odpwatch/scripts/guest/run-cluster-suite.sh /out/$dir/cluster/node0" \
 		"cd /odpwatch/cluster-tests && python3 agent.py" || true
-	# The middleware suite: Debian's MPI stack on node 0 and node 1 (sshd).
-	two_guests middleware "middleware suite: Debian's MPI across two guests" middleware \
+	# The middleware suite (Debian's MPI stack), then the examples suite
+	# (others' example clients), on node 0 and node 1 (sshd): one boot.
+	two_guests middleware "middleware and examples suites: Debian's MPI and example clients across two guests" middleware \
 		"/odpwatch/scripts/guest/run-middleware-suite.sh /out/$dir/middleware/node0" \
 		"/odpwatch/scripts/guest/wait-for-file.sh /out/$dir/middleware/node0/middleware.status" || true
 	# The series a reviewer gets must apply, yield this tree, build and pass

@@ -1,6 +1,8 @@
 #!/bin/sh
-# Node 0 of the middleware suite: the tests of middleware/tests/ (Debian's MPI
-# stack across the two guests), results as JUnit XML in DIR/middleware.xml;
+# Node 0 of the middleware and examples suites, one boot for both: the tests
+# of middleware/tests/ (Debian's MPI stack across the two guests), then those
+# of middleware/tests/examples/ (others' example clients, node 1 serving over
+# ssh), results as JUnit XML in DIR/middleware.xml and DIR/examples.xml;
 # DIR/middleware.status, written last, lets node 1 (wait-for-file.sh) finish.
 #   run-middleware-suite.sh DIR
 dir=$1
@@ -12,8 +14,15 @@ cd /odpwatch/middleware/tests || exit 1
 export ODPWATCH_MIDDLEWARE_MATRIX=$dir/matrix.tsv
 printf 'mpi\tpml\tregistrations\tway\tsize\tmessages\tcorrupt\n' >"$ODPWATCH_MIDDLEWARE_MATRIX"
 python3 -m pytest -v -p no:cacheprovider -o console_output_style=classic --timeout=600 \
-	--junitxml="$dir/middleware.xml" . >"$dir/middleware.log" 2>&1
+	--ignore=examples --junitxml="$dir/middleware.xml" . >"$dir/middleware.log" 2>&1
 rc=$?
 say "suite middleware: $(tail -n 1 "$dir/middleware.log")"
+say "suite examples: running against $ODPWATCH_PEER"
+python3 -m pytest -v -p no:cacheprovider -o console_output_style=classic --timeout=600 \
+	--junitxml="$dir/examples.xml" examples >"$dir/examples.log" 2>&1
+e=$?
+echo "$e" >"$dir/examples.status"
+say "suite examples: $(tail -n 1 "$dir/examples.log")"
+[ "$e" = 0 ] || rc=$e
 echo "$rc" >"$dir/middleware.status"
 exit $rc

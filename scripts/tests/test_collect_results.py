@@ -186,6 +186,11 @@ class Parsers(unittest.TestCase):
                        '</testsuite></testsuites>')
             self.write(f"{name}/node0/{name}.status", "0\n")
             self.write(f"{name}/node1/status", "0\n")
+        # The examples suite shares the middleware suite's boot and directory.
+        self.write("middleware/node0/examples.xml", '<testsuites><testsuite name="pytest">'
+                   '<testcase classname="test_examples" name="test_pingpong[rc]"/>'
+                   '</testsuite></testsuites>')
+        self.write("middleware/node0/examples.status", "0\n")
         if agent_status is None:
             (d / "cluster/node1/status").unlink(missing_ok=True)
         else:
@@ -231,7 +236,7 @@ class Parsers(unittest.TestCase):
             rc, out, res = self.run_main("odpwatch: kernel k\n", skips=listed)
             self.assertEqual(rc, 1, out)
             self.assertEqual(res["unexpected_skips"], 1)
-            self.assertEqual((res["passed"], res["failed"], res["skipped"]), (7, 1, 1))
+            self.assertEqual((res["passed"], res["failed"], res["skipped"]), (8, 1, 1))
             self.assertIn("not on the expected-skips list", out)
 
     def test_main_clean_console_passes(self):
@@ -241,10 +246,10 @@ class Parsers(unittest.TestCase):
         rc, out, res = self.run_main(benign)
         self.assertEqual(rc, 0, out)
         self.assertEqual(res["kernel"], "7.3.4-odpwatch")
-        # Seven distinct tests pass: the comparison with Debian's rdma-core
+        # Eight distinct tests pass: the comparison with Debian's rdma-core
         # checks test_a of the rdma-core suite and is not counted again.
-        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (7, 0, 2))
-        self.assertEqual(out.splitlines()[-1], "7 passed, 0 failed, 2 skipped")
+        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (8, 0, 2))
+        self.assertEqual(out.splitlines()[-1], "8 passed, 0 failed, 2 skipped")
 
     def test_stock_comparison(self):
         # A test Debian's rdma-core passed must pass with ours; one it skipped
@@ -258,7 +263,7 @@ class Parsers(unittest.TestCase):
         self.assertEqual((vs["passed"], vs["failed"], vs["skipped"]), (1, 1, 0))
         # In the totals test_b is one failed test (not run with ours), test_a
         # one passed test, counted once though two suites name it.
-        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (7, 1, 2))
+        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (8, 1, 2))
         self.assertIn("passed with Debian's rdma-core, not run with ours", out)
         # No stock run at all is a failure, not a pass...
         rc, out, res = self.run_main("odpwatch: kernel k\n", "")
