@@ -56,7 +56,7 @@
 /*
  * Defaults of /proc/sys/user/max_memwatch_{watches,descriptors}: a pinned
  * registration cache needs one watch per cached registration (tens of
- * thousands in MPI runs); 1M watches is ~170 MiB of kernel memory, charged
+ * thousands in MPI runs); 1M watches is ~160 MiB of kernel memory, charged
  * to the memory cgroup. Descriptors bound the event rings: 128 of the
  * largest (MEMWATCH_QUEUE_MAX records, 2.5 MiB) is 320 MiB at most.
  */
@@ -110,7 +110,7 @@ struct memwatch_watch {
 	struct mmu_interval_notifier notifier;
 	/* In ctx->mmw->watches; the range is the notifier's. */
 	struct rb_node mm_rb;
-	u64 subtree_last;
+	unsigned long subtree_last;
 	struct memwatch_ctx *ctx;
 	u64 cookie;
 	u32 queued;			/* 1 + ring index of its last record, or 0 */
@@ -122,7 +122,7 @@ static struct kmem_cache *memwatch_watch_cache;
 
 #define memwatch_start(w)	((w)->notifier.interval_tree.start)
 #define memwatch_last(w)	((w)->notifier.interval_tree.last)
-INTERVAL_TREE_DEFINE(struct memwatch_watch, mm_rb, u64, subtree_last,
+INTERVAL_TREE_DEFINE(struct memwatch_watch, mm_rb, unsigned long, subtree_last,
 		     memwatch_start, memwatch_last, static, memwatch_tree);
 
 /*
@@ -197,8 +197,8 @@ static void memwatch_mm_put(struct memwatch_mm *mmw)
 }
 
 /* How many of the mm's watches overlap [@start, @last], up to @max. */
-static int memwatch_overlaps(struct memwatch_mm *mmw, u64 start, u64 last,
-			     int max)
+static int memwatch_overlaps(struct memwatch_mm *mmw, unsigned long start,
+			     unsigned long last, int max)
 {
 	struct memwatch_watch *w;
 	int n = 0;
@@ -553,10 +553,11 @@ out_ucount:
 static void memwatch_destroy(struct memwatch_ctx *ctx,
 			     struct memwatch_watch *w)
 {
+	/* Counted until it can no longer be called. */
+	mmu_interval_notifier_remove(&w->notifier);
 	mutex_lock(&ctx->mmw->lock);
 	memwatch_tree_remove(w, &ctx->mmw->watches);
 	mutex_unlock(&ctx->mmw->lock);
-	mmu_interval_notifier_remove(&w->notifier);
 	spin_lock(&ctx->qlock);
 	/* A cached (id, generation) pair must not match a later watch. */
 	memwatch_bump(memwatch_gen(ctx, w->id));

@@ -891,13 +891,21 @@ def test_rereg_keeps_the_kind_of_mr(pd):
     it to the kernel): it cannot turn a pinned MR into an on-demand one or
     back (mr->access would then say one thing and the umem another), nor
     give an implicit MR the FLUSH access its registration refuses. Each is
-    EINVAL; a change that keeps the kind succeeds."""
+    EINVAL; so is persistent FLUSH access for a pinned MR whose pages were
+    never checked to be persistent memory. A change that keeps the kind
+    succeeds."""
     buf = mmap_anon(LEN)
+    mrs = []
     try:
         pinned = MR(pd, LEN, e.IBV_ACCESS_LOCAL_WRITE, address=buf)
+        mrs.append(pinned)
         odp = MR(pd, LEN, ODP, address=buf)
+        mrs.append(odp)
         whole = MR(pd, 0, ODP, implicit=True)
+        mrs.append(whole)
         change = e.IBV_REREG_MR_CHANGE_ACCESS
+        assert rereg_error(pinned, change, access=e.IBV_ACCESS_LOCAL_WRITE |
+                           e.IBV_ACCESS_FLUSH_PERSISTENT) == errno.EINVAL
         assert rereg_error(pinned, change, access=e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_ON_DEMAND) \
             == errno.EINVAL
         assert rereg_error(odp, change, access=ODP & ~e.IBV_ACCESS_ON_DEMAND) == errno.EINVAL
@@ -909,9 +917,9 @@ def test_rereg_keeps_the_kind_of_mr(pd):
                            e.IBV_ACCESS_REMOTE_READ) == 0
         assert rereg_error(odp, change, access=ODP | e.IBV_ACCESS_FLUSH_GLOBAL) == 0
         assert rereg_error(whole, change, access=ODP & ~e.IBV_ACCESS_REMOTE_ATOMIC) == 0
-        for mr in (pinned, odp, whole):
-            mr.close()
     finally:
+        for mr in mrs:
+            mr.close()
         munmap(buf, LEN)
 
 

@@ -58,7 +58,11 @@ def unmap_mem(monitor, limit=240):
     try:
         # The server listens once ssh has started it: retry a refused client.
         for _ in range(30):
-            out, rc = run(["timeout", str(limit)] + args + [PEER], env=env, timeout=limit + 30)
+            # The environment through env(1): LD_PRELOAD must reach the
+            # fabtest only, not timeout(1), whose exit would print a
+            # preloaded monitor's lines for it.
+            out, rc = run(["timeout", str(limit), "env"] + [f"{k}={v}" for k, v in env.items()]
+                          + args + [PEER], timeout=limit + 30)
             if rc == 0 or "Connection refused" not in out:
                 break
             time.sleep(1)

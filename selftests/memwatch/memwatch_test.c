@@ -675,6 +675,59 @@ static __u64 invalidations(int fd)
 }
 
 /*
+ * With vm.memwatch_max_overlap at 4, in a child of overlap_bound (which
+ * restores the sysctl whatever happens here): 0, or the step that failed.
+ */
+static int overlap_bound_at_4(char *buf, long page)
+{
+	int a = memwatch_create(MEMWATCH_CLOEXEC);
+	int b = memwatch_create(MEMWATCH_CLOEXEC);
+	__u64 before;
+	int i, status;
+	pid_t pid;
+
+	if (a < 0 || b < 0)
+		return 1;
+	/* Two descriptors of one mm share the bound; ranges count by overlap. */
+	if (add_watch(a, buf, 2 * page, 0, 0, NULL) ||
+	    add_watch(b, buf + page, 2 * page, 0, 0, NULL) ||
+	    add_watch(a, buf + 2 * page, page, 0, 0, NULL) ||
+	    add_watch(b, buf, 8 * page, 0, 0, NULL))
+		return 2;
+	/* [0, 8) overlaps all four, [4, 5) and [7, 8) only the last. */
+	errno = 0;
+	if (add_watch(a, buf, 8 * page, 0, 0, NULL) != -1 || errno != EMLINK)
+		return 3;
+	if (add_watch(b, buf + 7 * page, page, 0, 0, NULL) ||
+	    add_watch(a, buf + 4 * page, page, 0, 0, NULL))
+		return 4;
+	/* So a change of one page calls at most 4 watches: here 3. */
+	before = invalidations(a) + invalidations(b);
+	if (madvise(buf + page, page, MADV_DONTNEED))
+		return 5;
+	if (invalidations(a) + invalidations(b) - before != 3)
+		return 6;
+	/* Another process (a fork child: another mm) counts its own. */
+	pid = fork();
+	if (pid < 0)
+		return 7;
+	if (!pid) {
+		int c = memwatch_create(0);
+
+		for (i = 0; i < 4; i++)
+			if (c < 0 || add_watch(c, buf, 8 * page, 0, 0, NULL))
+				_exit(1);
+		errno = 0;
+		_exit(add_watch(c, buf, page, 0, 0, NULL) == -1 &&
+		      errno == EMLINK ? 0 : 2);
+	}
+	if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+	    WEXITSTATUS(status))
+		return 8;
+	return 0;
+}
+
+/*
  * Every invalidation calls each watch that overlaps it, in whatever context
  * invalidates (reclaim, compaction, the OOM reaper): a process must not pile
  * watches on an address. ADD refuses with EMLINK a range that
@@ -688,18 +741,22 @@ TEST(overlap_bound)
 	const char *path = "/proc/sys/vm/memwatch_max_overlap";
 	long page = sysconf(_SC_PAGESIZE);
 	char *buf = map_pages(page, 8), old[32] = "";
-	int a = memwatch_create(MEMWATCH_CLOEXEC);
-	int b = memwatch_create(MEMWATCH_CLOEXEC);
 	struct memwatch_add w, first;
-	int i, n, sysctl, status;
-	__u64 before;
+	int a, n, sysctl, status = 0;
 	ssize_t len;
 	pid_t pid;
 
 	ASSERT_NE(NULL, buf);
-	ASSERT_LE(0, a);
-	ASSERT_LE(0, b);
+	sysctl = open(path, O_RDWR);
+	ASSERT_LE(0, sysctl) TH_LOG("%s: %s", path, strerror(errno));
+	len = read(sysctl, old, sizeof(old) - 1);
+	ASSERT_LT(0, len);
+	ASSERT_EQ(256, atol(old)) TH_LOG("not the default: a failed run left it?");
+
 	/* The default: a stack of 1024 watches on one page is cut at 256. */
+	a = memwatch_create(MEMWATCH_CLOEXEC);
+	ASSERT_LE(0, a);
+	errno = 0;
 	for (n = 0; n < 1024; n++)
 		if (add_watch(a, buf, page, n, 0, n ? &w : &first))
 			break;
@@ -711,52 +768,20 @@ TEST(overlap_bound)
 	EXPECT_EQ(0, add_watch(a, buf, page, 0, 0, NULL));
 	close(a);
 
-	sysctl = open(path, O_RDWR);
-	ASSERT_LE(0, sysctl) TH_LOG("%s: %s", path, strerror(errno));
-	len = read(sysctl, old, sizeof(old) - 1);
-	ASSERT_LT(0, len);
-	EXPECT_EQ(256, atol(old));
-	ASSERT_LT(0, pwrite(sysctl, "4\n", 2, 0));
+	/* The sysctl: at least 1; at 4, checked in a child, restored here. */
 	EXPECT_EQ(-1, pwrite(sysctl, "0\n", 2, 0));
 	EXPECT_EQ(EINVAL, errno);
-
-	/* Two descriptors of one mm share the bound; ranges count by overlap. */
-	a = memwatch_create(MEMWATCH_CLOEXEC);
-	ASSERT_LE(0, a);
-	EXPECT_EQ(0, add_watch(a, buf, 2 * page, 0, 0, NULL));
-	EXPECT_EQ(0, add_watch(b, buf + page, 2 * page, 0, 0, NULL));
-	EXPECT_EQ(0, add_watch(a, buf + 2 * page, page, 0, 0, NULL));
-	EXPECT_EQ(0, add_watch(b, buf, 8 * page, 0, 0, NULL));
-	/* [0, 8) overlaps all four, [4, 5) and [7, 8) only the last. */
-	EXPECT_EQ(-1, add_watch(a, buf, 8 * page, 0, 0, NULL));
-	EXPECT_EQ(EMLINK, errno);
-	EXPECT_EQ(0, add_watch(b, buf + 7 * page, page, 0, 0, NULL));
-	EXPECT_EQ(0, add_watch(a, buf + 4 * page, page, 0, 0, NULL));
-
-	/* So a change of one page calls at most 4 watches: here 3. */
-	before = invalidations(a) + invalidations(b);
-	ASSERT_EQ(0, madvise(buf + page, page, MADV_DONTNEED));
-	EXPECT_EQ(3, invalidations(a) + invalidations(b) - before);
-
-	/* Another process (a fork child: another mm) counts its own. */
+	ASSERT_LT(0, pwrite(sysctl, "4\n", 2, 0));
 	pid = fork();
-	ASSERT_LE(0, pid);
-	if (!pid) {
-		int c = memwatch_create(0);
-
-		for (i = 0; i < 4; i++)
-			if (c < 0 || add_watch(c, buf, 8 * page, 0, 0, NULL))
-				_exit(1);
-		_exit(add_watch(c, buf, page, 0, 0, NULL) == -1 &&
-		      errno == EMLINK ? 0 : 2);
-	}
-	ASSERT_EQ(pid, waitpid(pid, &status, 0));
-	EXPECT_EQ(0, WEXITSTATUS(status));
-
+	if (!pid)
+		_exit(overlap_bound_at_4(buf, page));
+	if (pid > 0)
+		waitpid(pid, &status, 0);
 	ASSERT_LT(0, pwrite(sysctl, old, strlen(old), 0));
+	ASSERT_LT(0, pid);
+	EXPECT_TRUE(WIFEXITED(status) && !WEXITSTATUS(status))
+		TH_LOG("at 4 overlapping: step %d failed", WEXITSTATUS(status));
 	close(sysctl);
-	close(a);
-	close(b);
 	munmap(buf, 8 * page);
 }
 

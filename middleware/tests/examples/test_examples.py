@@ -13,6 +13,7 @@ mpi4py's pingpong carry no check and show that the transports run at all."""
 import re
 import shlex
 import subprocess
+import threading
 import time
 
 import pytest
@@ -34,6 +35,15 @@ case "$t:$g" in "RoCE v2:0000:0000:0000:0000:0000:ffff:"*) echo $i; exit 0;; esa
 done; exit 1"""
 
 
+SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", PEER]
+
+
+def stop_server(pid):
+    """TERM to the server's timeout(1) on node 1, which passes it on."""
+    subprocess.run(SSH + [f"kill -TERM {pid}"], stdin=subprocess.DEVNULL,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+
+
 @pytest.fixture(scope="module")
 def gid():
     out = subprocess.run(["sh", "-c", GID_INDEX], stdout=subprocess.PIPE, text=True).stdout.strip()
@@ -45,19 +55,28 @@ def pair(server, client, env=None, serves_on=False, settle=0):
     """@server on node 1 (over ssh), then @client on node 0 (@settle seconds
     after the server started, for a server that takes a refused connection
     as its one client), retried while the server is not yet listening (an
-    output with one of REFUSED). A
-    server that @serves_on after its client (it has no way to be told to
-    end) is stopped then, by its PID, and its status counts as 0 if it
-    ended by that signal. Both outputs and exit statuses."""
+    output with one of REFUSED). A server that @serves_on after its client
+    (it has no way to be told to end) is stopped then, by its PID, and its
+    status counts as 0 if it ended by that signal. Both outputs and exit
+    statuses."""
     env = env or {}
     command = " ".join(["timeout", str(LIMIT), "env"] + [shlex.quote(f"{k}={v}") for k, v in env.items()]
                        + [shlex.quote(a) for a in server])
     # The remote shell says its PID, then becomes timeout(1): a TERM to that
     # PID ends the server too.
-    srv = subprocess.Popen(["ssh", PEER, f"echo server-pid $$; exec {command}"], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
+    srv = subprocess.Popen(SSH + [f"echo server-pid $$; exec {command}"], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+    pid = None
     try:
-        pid = srv.stdout.readline().split()[-1]
+        first = srv.stdout.readline()
+        m = re.match(r"server-pid (\d+)$", first.strip())
+        assert m, f"the server's ssh to {PEER} did not start it: {first!r}"
+        pid = m[1]
+        # The rest of its output, read beside: communicate() after
+        # readline() would miss what the text layer already buffered.
+        chunks = []
+        reader = threading.Thread(target=lambda: chunks.append(srv.stdout.read()), daemon=True)
+        reader.start()
         time.sleep(settle)
         deadline = time.monotonic() + 60
         while True:
@@ -72,15 +91,22 @@ def pair(server, client, env=None, serves_on=False, settle=0):
             try:
                 srv.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                subprocess.run(["ssh", PEER, f"kill -TERM {pid}"], timeout=60)
+                stop_server(pid)
+        late = ""
         try:
-            sout, _ = srv.communicate(timeout=LIMIT)
+            srv.wait(timeout=LIMIT)
         except subprocess.TimeoutExpired:
             srv.kill()
-            sout, _ = srv.communicate()
-            sout += f"\n[the server on {PEER} did not end within {LIMIT} s of the client]"
+            srv.wait()
+            late = f"\n[the server on {PEER} did not end within {LIMIT} s of the client]"
+        reader.join(timeout=30)
+        sout = "".join(chunks) + late
     finally:
         if srv.poll() is None:
+            # The client's run() timed out, or the test failed: end the
+            # server too, so that it cannot answer the next case.
+            if pid:
+                stop_server(pid)
             srv.kill()
             srv.wait()
     # Ended by our TERM: timeout(1) exits 124, or ssh reports the signal (255).
@@ -162,8 +188,9 @@ def test_ucx_io_demo_checks_every_byte(registration):
     4 KiB to 256 KiB, the larger by rendezvous from registered memory, pinned
     through UCX's registration cache or on demand."""
     env = {**UCX, **(ODP if registration == "on-demand" else {}), "UCX_LOG_LEVEL": "warn"}
-    server = IO_DEMO + ["-p", "7483"]
-    client = IO_DEMO + ["-p", "7483", "-i", "400", "-n", "60", PEER_ADDR]
+    port = {"pinned": "7483", "on-demand": "7484"}[registration]
+    server = IO_DEMO + ["-p", port]
+    client = IO_DEMO + ["-p", port, "-i", "400", "-n", "60", PEER_ADDR]
     out, sout = check_pair(f"io_demo {registration}", pair(server, client, env=env, serves_on=True))
     assert "Client exit with status 'OK'" in out, out[-3000:]
     for side in (out, sout):
@@ -173,10 +200,11 @@ def test_ucx_io_demo_checks_every_byte(registration):
 @pytest.mark.parametrize("test", ["rc_bw", "rc_lat"])
 def test_qperf(test):
     """qperf (its server on node 1) over rxe's RC, connected by the RDMA CM."""
-    server = ["qperf", "-lp", "19765"]
+    port = {"rc_bw": "19765", "rc_lat": "19766"}[test]
+    server = ["qperf", "-lp", port]
     # -cm1: connect through the RDMA CM, by the peer's address (without it,
     # qperf's rc_bw client waited past its 240 s on rxe).
-    client = ["qperf", "-cm1", "-lp", "19765", "-t", "3", "-m", "65536", PEER, test, "quit"]
+    client = ["qperf", "-cm1", "-lp", port, "-t", "3", "-m", "65536", PEER, test, "quit"]
     out, _ = check_pair(test, pair(server, client))
     m = re.search(r"(bw|latency)\s+=\s+([\d.]+) (\S+)", out)
     assert m and float(m[2]) > 0, f"qperf {test} measured nothing:\n{out}"
