@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: GPL-2.0
-"""What the pyverbs tests and the cluster suite (cluster-tests/) share
-without pytest: anonymous memory through libc, byte comparison, and the
-device's RoCE v2 GID."""
+"""What the pyverbs tests, the cluster suite (cluster-tests/) and the
+examples suite share without pytest: anonymous memory through libc, byte
+comparison, and the device's RoCE v2 GID."""
 import ctypes
 import os
 import pathlib

@@ -13,12 +13,17 @@ mpi4py's pingpong carry no check and show that the transports run at all."""
 import re
 import shlex
 import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from conftest import UCX, ODP, openmpi, run
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "pyverbs-tests"))
+from rxe_env import roce_v2_ipv4_gid  # noqa: E402
 
 PEER = "odpwatch-node1"
 PEER_ADDR = "198.51.100.11"
@@ -27,14 +32,6 @@ LIMIT = 240  # seconds, for either side of a pair
 # again.
 REFUSED = ("Couldn't connect", "Connection refused", "rdma_connect", "unreachable",
            "failed to connect", "REJECTED", "Destination is unreachable")
-# The index of rxe0's RoCE v2 GID of its IPv4 address (the same on both nodes).
-GID_INDEX = """for i in 0 1 2 3 4 5 6 7; do
-t=$(cat /sys/class/infiniband/rxe0/ports/1/gid_attrs/types/$i 2>/dev/null)
-g=$(cat /sys/class/infiniband/rxe0/ports/1/gids/$i 2>/dev/null)
-case "$t:$g" in "RoCE v2:0000:0000:0000:0000:0000:ffff:"*) echo $i; exit 0;; esac
-done; exit 1"""
-
-
 SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", PEER]
 
 
@@ -46,9 +43,8 @@ def stop_server(pid):
 
 @pytest.fixture(scope="module")
 def gid():
-    out = subprocess.run(["sh", "-c", GID_INDEX], stdout=subprocess.PIPE, text=True).stdout.strip()
-    assert out.isdigit(), "rxe0 has no RoCE v2 GID of an IPv4 address"
-    return out
+    """The index of rxe0's RoCE v2 GID of its IPv4 address (the same on both nodes)."""
+    return str(roce_v2_ipv4_gid("rxe0")[0])
 
 
 def pair(server, client, env=None, serves_on=False, settle=0):
