@@ -18,7 +18,9 @@
  * vm.memwatch_max_overlap of them already overlap: no address of the mm is
  * under more watches than that, however many the process holds.
  *
- * Locking: ctx->lock (mutex) serialises add, remove, queue resize and reads;
+ * Locking: ctx->lock (mutex) serialises the descriptor's id map, remove,
+ * queue resize and reads; it is never held across a wait for the mm or a
+ * user copy, so a read() does not wait behind an ADD that does.
  * ctx->qlock (spinlock) protects the event ring, the statistics and the
  * generation words, and is the only lock the notifier callback takes.
  * memwatch_mm.lock, taken inside ctx->lock, protects the mm's tree.
@@ -45,7 +47,7 @@
 #include <linux/user_namespace.h>
 #include <linux/vmalloc.h>
 #include <linux/xarray.h>
-#include <uapi/linux/memwatch.h>
+#include <linux/memwatch.h>
 
 /* Generation words per page of the state area; page 0 is the header. */
 #define MEMWATCH_SLOTS_PER_PAGE	(PAGE_SIZE / sizeof(u64))
@@ -96,6 +98,8 @@ struct memwatch_ctx {
 	struct memwatch_header *hdr;	/* page 0 */
 	struct memwatch_event *ring;
 	u32 qsize;
+	u32 qlive;			/* unread records not discarded by REMOVE */
+	u64 released;			/* watches that had the mm's RELEASE */
 	u64 qhead;			/* next record to read */
 	u64 qtail;			/* next record to write */
 	wait_queue_head_t wqh;
@@ -342,6 +346,7 @@ static void memwatch_queue_event(struct memwatch_ctx *ctx,
 	};
 	w->queued = slot + 1;
 	ctx->qtail++;
+	WRITE_ONCE(ctx->qlive, ctx->qlive + 1);
 	ctx->stats.events_queued++;
 }
 
@@ -352,10 +357,19 @@ static bool memwatch_invalidate(struct mmu_interval_notifier *mni,
 	struct memwatch_watch *w = container_of(mni, struct memwatch_watch,
 						notifier);
 	struct memwatch_ctx *ctx = w->ctx;
+	bool exit = range->event == MMU_NOTIFY_RELEASE;
 	u32 reason = memwatch_reason(range->event);
 	u64 start = max(range->start, mni->interval_tree.start);
 	u64 end = min(range->end, mni->interval_tree.last + 1);
-	bool change = w->mask & reason;
+	bool change, last = false;
+
+	/*
+	 * The end of the address space unmaps everything: a watch that asks
+	 * for UNMAP but not RELEASE sees it as an unmap.
+	 */
+	if (exit && !(w->mask & MEMWATCH_RELEASE))
+		reason = MEMWATCH_UNMAP;
+	change = w->mask & reason;
 
 	spin_lock(&ctx->qlock);
 	/*
@@ -365,7 +379,19 @@ static bool memwatch_invalidate(struct mmu_interval_notifier *mni,
 	 * (a later one is reported by the word).
 	 */
 	mmu_interval_set_seq(mni, cur_seq);
+	/*
+	 * Once the mm's last user is gone, RELEASE (one call per watch) says
+	 * all: the teardown's unmaps that follow it are not reported, so
+	 * that once every watch has had its RELEASE, nothing more comes
+	 * (EPOLLHUP in memwatch_poll()).
+	 */
+	if (!exit && !atomic_read(&ctx->mm->mm_users)) {
+		spin_unlock(&ctx->qlock);
+		return true;
+	}
 	ctx->stats.invalidations++;
+	if (exit)
+		last = ++ctx->released == ctx->stats.watches;
 	if (change) {
 		ctx->stats.changes++;
 		/*
@@ -388,11 +414,14 @@ static bool memwatch_invalidate(struct mmu_interval_notifier *mni,
 	spin_unlock(&ctx->qlock);
 	/*
 	 * Most unmaps have nobody waiting: skip the wait queue's irq-safe
-	 * lock then. The full barrier in wq_has_sleeper() pairs with the one
-	 * in memwatch_poll() and with set_current_state() in a blocking read.
+	 * lock then. The last watch's RELEASE wakes a poller whether or not
+	 * it queued a record: it is the end (EPOLLHUP once the queue is
+	 * read). The full barrier in wq_has_sleeper() pairs with the one in
+	 * memwatch_poll() and with set_current_state() in a blocking read.
 	 */
-	if (change && wq_has_sleeper(&ctx->wqh))
-		wake_up_interruptible_poll(&ctx->wqh, EPOLLIN | EPOLLRDNORM);
+	if ((change || last) && wq_has_sleeper(&ctx->wqh))
+		wake_up_interruptible_poll(&ctx->wqh,
+					   EPOLLIN | EPOLLRDNORM | EPOLLHUP);
 	return true;
 }
 
@@ -454,6 +483,8 @@ static long memwatch_add(struct memwatch_ctx *ctx, void __user *uarg)
 		return -EINVAL;
 	if (arg.mask & ~MEMWATCH_ALL_REASONS)
 		return -EINVAL;
+	/* As madvise() and mlock(): a tagged pointer is its untagged address. */
+	arg.addr = untagged_addr(arg.addr);
 	if (!arg.len || !PAGE_ALIGNED(arg.addr) || !PAGE_ALIGNED(arg.len))
 		return -EINVAL;
 	if (arg.addr + arg.len < arg.addr || arg.addr + arg.len > TASK_SIZE)
@@ -473,6 +504,10 @@ static long memwatch_add(struct memwatch_ctx *ctx, void __user *uarg)
 	w->mask = arg.mask ?: MEMWATCH_DEFAULT_MASK;
 
 	mutex_lock(&ctx->lock);
+	/*
+	 * The id is reserved, not published: REMOVE cannot find the watch
+	 * before ADD has returned its id (xa_store() below).
+	 */
 	err = xa_alloc(&ctx->watches, &id, NULL,
 		       XA_LIMIT(0, MEMWATCH_MAX_SLOTS - 1), GFP_KERNEL_ACCOUNT);
 	if (err) {
@@ -507,7 +542,12 @@ static long memwatch_add(struct memwatch_ctx *ctx, void __user *uarg)
 	mutex_unlock(&ctx->mmw->lock);
 	if (err)
 		goto out_erase;
-	xa_store(&ctx->watches, id, w, GFP_KERNEL_ACCOUNT);
+	spin_lock(&ctx->qlock);
+	ctx->stats.watches++;
+	WRITE_ONCE(ctx->hdr->active_watches, ctx->stats.watches);
+	spin_unlock(&ctx->qlock);
+	mutex_unlock(&ctx->lock);
+
 	/*
 	 * An invalidation of the mm that is running now never calls the new
 	 * watch: its insertion waits for that invalidation to end. Wait for
@@ -515,27 +555,23 @@ static long memwatch_add(struct memwatch_ctx *ctx, void __user *uarg)
 	 * is of the mapping the invalidation left, not of pages it is about
 	 * to free; likewise for one of the watch's own range that began
 	 * since the insert (it has moved the word past the generation
-	 * already). Our invalidate callback takes no ctx->lock.
+	 * already). This wait, and the copy out (which may fault into a
+	 * userfaultfd range), hold no lock of the descriptor: read() and
+	 * REMOVE of other watches go on meanwhile.
 	 */
 	mmu_interval_read_begin(&w->notifier);
 
-	spin_lock(&ctx->qlock);
-	ctx->stats.watches++;
-	WRITE_ONCE(ctx->hdr->active_watches, ctx->stats.watches);
-	spin_unlock(&ctx->qlock);
-
-	/*
-	 * Still under ctx->lock, so a failed copy undoes exactly this watch
-	 * (one whose id the caller never learns is of no use). ctx->lock is
-	 * already taken before mmap_lock by the notifier registration.
-	 */
 	arg.id = id;
 	if (copy_to_user(uarg, &arg, sizeof(arg))) {
+		/* A watch whose id the caller never learns is of no use. */
+		mutex_lock(&ctx->lock);
 		xa_erase(&ctx->watches, id);
 		memwatch_destroy(ctx, w);
 		mutex_unlock(&ctx->lock);
 		return -EFAULT;
 	}
+	mutex_lock(&ctx->lock);
+	xa_store(&ctx->watches, id, w, GFP_KERNEL_ACCOUNT);
 	mutex_unlock(&ctx->lock);
 	return 0;
 
@@ -553,6 +589,8 @@ out_ucount:
 static void memwatch_destroy(struct memwatch_ctx *ctx,
 			     struct memwatch_watch *w)
 {
+	struct memwatch_event *ev;
+
 	/* Counted until it can no longer be called. */
 	mmu_interval_notifier_remove(&w->notifier);
 	mutex_lock(&ctx->mmw->lock);
@@ -561,6 +599,15 @@ static void memwatch_destroy(struct memwatch_ctx *ctx,
 	spin_lock(&ctx->qlock);
 	/* A cached (id, generation) pair must not match a later watch. */
 	memwatch_bump(memwatch_gen(ctx, w->id));
+	/*
+	 * Nor may its unread record be read under the id once a new watch
+	 * has it: read() skips a record without reasons.
+	 */
+	ev = memwatch_unread(ctx, w);
+	if (ev) {
+		ev->reasons = 0;
+		WRITE_ONCE(ctx->qlive, ctx->qlive - 1);
+	}
 	ctx->stats.watches--;
 	WRITE_ONCE(ctx->hdr->active_watches, ctx->stats.watches);
 	spin_unlock(&ctx->qlock);
@@ -684,28 +731,32 @@ static ssize_t memwatch_read(struct file *file, char __user *buf,
 		return -ENOMEM;
 
 	mutex_lock(&ctx->lock);
-	while (READ_ONCE(ctx->qtail) == READ_ONCE(ctx->qhead)) {
+	for (;;) {
+		/* Consume under qlock: a record being merged into is unread. */
+		spin_lock(&ctx->qlock);
+		for (i = 0; i < n && ctx->qhead != ctx->qtail; ctx->qhead++) {
+			struct memwatch_event *ev = memwatch_ring(ctx, ctx->qhead);
+
+			if (ev->reasons)	/* else its watch was removed */
+				batch[i++] = *ev;
+		}
+		WRITE_ONCE(ctx->qlive, ctx->qlive - i);
+		ctx->stats.events_read += i;
+		spin_unlock(&ctx->qlock);
+		if (i)
+			break;
 		mutex_unlock(&ctx->lock);
 		if (file->f_flags & O_NONBLOCK) {
 			ret = -EAGAIN;
 			goto out_free;
 		}
-		ret = wait_event_interruptible(ctx->wqh,
-					       READ_ONCE(ctx->qtail) !=
-					       READ_ONCE(ctx->qhead));
+		ret = wait_event_interruptible(ctx->wqh, READ_ONCE(ctx->qlive));
 		if (ret)
 			goto out_free;
 		mutex_lock(&ctx->lock);
 	}
-	/* Consume under qlock: a record being merged into is still unread. */
-	spin_lock(&ctx->qlock);
-	n = min_t(u64, n, ctx->qtail - ctx->qhead);
-	for (i = 0; i < n; i++)
-		batch[i] = *memwatch_ring(ctx, ctx->qhead + i);
-	ctx->qhead += n;
-	ctx->stats.events_read += n;
-	spin_unlock(&ctx->qlock);
 	mutex_unlock(&ctx->lock);
+	n = i;
 
 	/*
 	 * Records that cannot be copied out are gone from the queue: count
@@ -730,14 +781,27 @@ out_free:
 static __poll_t memwatch_poll(struct file *file, poll_table *wait)
 {
 	struct memwatch_ctx *ctx = file->private_data;
+	__poll_t events = 0;
 
 	poll_wait(file, &ctx->wqh, wait);
-	/* Queued before qtail is read: pairs with memwatch_invalidate(). */
-	smp_mb();
-	if (memwatch_check_mm(ctx, true))
-		return EPOLLERR;
-	return READ_ONCE(ctx->qtail) != READ_ONCE(ctx->qhead) ?
-	       EPOLLIN | EPOLLRDNORM : 0;
+	/*
+	 * Readiness is the file's, whoever asks: a fork child polling its
+	 * parent's descriptor in a shared epoll set sees what the parent
+	 * sees (and gets EPERM if it reads). qlock orders this against the
+	 * callback's queueing and wake-up.
+	 */
+	spin_lock(&ctx->qlock);
+	if (ctx->qlive)
+		events = EPOLLIN | EPOLLRDNORM;
+	/*
+	 * The watched mm has exited, every watch has had its RELEASE (the
+	 * last record the mm gives) and the records are read: the end.
+	 */
+	else if (!atomic_read(&ctx->mm->mm_users) &&
+		 ctx->released == ctx->stats.watches)
+		events = EPOLLHUP;
+	spin_unlock(&ctx->qlock);
+	return events;
 }
 
 static vm_fault_t memwatch_fault(struct vm_fault *vmf)
@@ -826,7 +890,6 @@ static void memwatch_show_fdinfo(struct seq_file *m, struct file *file)
 #endif
 
 static const struct file_operations memwatch_fops = {
-	.owner = THIS_MODULE,
 	.release = memwatch_release,
 	.read = memwatch_read,
 	.poll = memwatch_poll,
@@ -894,8 +957,14 @@ SYSCALL_DEFINE1(memwatch_create, unsigned int, flags)
 		goto err_mm;
 	}
 
-	fd = anon_inode_getfd("[memwatch]", &memwatch_fops, ctx,
-			      O_RDONLY | (flags & (O_CLOEXEC | O_NONBLOCK)));
+	/*
+	 * An inode of its own, as userfaultfd's: the state area's mappings
+	 * join this descriptor's i_mmap tree, not one that every anonymous
+	 * inode file shares, and an LSM has an inode to label.
+	 */
+	fd = anon_inode_create_getfd("[memwatch]", &memwatch_fops, ctx,
+				     O_RDONLY | (flags & (O_CLOEXEC | O_NONBLOCK)),
+				     NULL);
 	if (fd < 0) {
 		/* memwatch_release() has not run: undo by hand. */
 		memwatch_mm_put(ctx->mmw);

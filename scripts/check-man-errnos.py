@@ -18,9 +18,9 @@ def code_errnos(src):
     got = set(re.findall(r"-(E[A-Z0-9]+)\b", src)) & ERRNOS
     if "wait_event_interruptible" in src:
         got.add("EINTR")  # -ERESTARTSYS reaches user space as EINTR
-    if "anon_inode_getfd" in src or "get_unused_fd_flags" in src:
+    if re.search(r"anon_inode_(create_)?getfd|get_unused_fd_flags", src):
         got |= {"EMFILE", "ENFILE"}
-    if re.search(r"anon_inode_getfd\([^;]*O_RDONLY", src):
+    if re.search(r"anon_inode_(create_)?getfd\([^;]*O_RDONLY", src):
         got.add("EBADF")  # write(2) to a read-only file
     return got
 

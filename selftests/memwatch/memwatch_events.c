@@ -31,6 +31,9 @@
 #include <linux/memwatch.h>
 #include <linux/userfaultfd.h>
 
+#include "../../../../lib/test_hmm_uapi.h"
+#include "../../../../mm/gup_test.h"
+
 #include "../kselftest_harness.h"
 #include "memwatch_util.h"
 
@@ -594,6 +597,115 @@ TEST_F_TIMEOUT(ev, ksm_merge, 150)
 	EXPECT_TRUE(valid(&self->s, &unique.w[DEFAULT]));
 	ASSERT_EQ(0, madvise(buf, 3 * self->page, MADV_UNMERGEABLE));
 	munmap(buf, 3 * self->page);
+}
+
+/*
+ * KSM finds a pinned page's twin and gives up on it (a pinned page cannot be
+ * merged), but must not invalidate it first: the change would tell the pin's
+ * holder that an identical page exists somewhere, on every pass. The pin is
+ * gup_test's, held from START to STOP as a FOLL_LONGTERM pin.
+ */
+TEST_F_TIMEOUT(ev, ksm_leaves_a_pinned_page_alone, 150)
+{
+	struct pin_longterm_test pin = { .size = self->page };
+	char *buf = map_touched(self->page, 4), scans[32];
+	__u64 before[4], after[4];
+	long first = -1, last = -1;
+	struct pair pinned;
+	int gup;
+
+	ASSERT_NE(NULL, buf);
+	gup = open("/sys/kernel/debug/gup_test", O_RDWR);
+	if (gup < 0)
+		SKIP(return, "no /sys/kernel/debug/gup_test (CONFIG_GUP_TEST)");
+	/* Page 0 (pinned) and 1 are twins, 2 and 3 are twins (a control). */
+	memset(buf, 0x5a, 2 * self->page);
+	memset(buf + 2 * self->page, 0xa5, 2 * self->page);
+	pin.addr = (uintptr_t)buf;
+	ASSERT_EQ(0, ioctl(gup, PIN_LONGTERM_TEST_START, &pin));
+	ASSERT_EQ(0, set_knob(_metadata, &self->s, "/sys/kernel/mm/ksm/sleep_millisecs", "10"));
+	ASSERT_EQ(0, set_knob(_metadata, &self->s, "/sys/kernel/mm/ksm/pages_to_scan", "1000"));
+	ASSERT_EQ(0, set_knob(_metadata, &self->s, "/sys/kernel/mm/ksm/run", "1"));
+	ASSERT_EQ(0, set_knob(_metadata, &self->s, "/sys/kernel/mm/ksm/run", "1"));
+	snprintf(self->s.old[self->s.knobs - 1], 64, "2");	/* unmerge first */
+	watch_pair(&self->s, buf, self->page, 0, &pinned);
+	read_pagemap(self->page, buf, 4, before);
+	ASSERT_EQ(0, madvise(buf, 4 * self->page, MADV_MERGEABLE));
+	/* Three full passes after the control pair merged. */
+	for (double t0 = now(); now() - t0 < 120; usleep(50000)) {
+		read_pagemap(self->page, buf, 4, after);
+		if (PM_PFN(after[2]) != PM_PFN(after[3]))
+			continue;
+		if (read_file("/sys/kernel/mm/ksm/full_scans", scans, sizeof(scans)))
+			break;
+		last = atol(scans);
+		if (first < 0)
+			first = last;
+		if (last - first >= 3)
+			break;
+	}
+	collect(&self->s);
+	ASSERT_EQ(PM_PFN(after[2]), PM_PFN(after[3]))
+		TH_LOG("KSM merged nothing in 120 s");
+	EXPECT_LE(3, last - first);
+	EXPECT_EQ(PM_PFN(before[0]), PM_PFN(after[0]));
+	EXPECT_TRUE(valid(&self->s, &pinned.w[DEFAULT]))
+		TH_LOG("KSM invalidated the pinned page: reasons 0x%x",
+		       reasons(&self->s, &pinned, ALL));
+	EXPECT_TRUE(valid(&self->s, &pinned.w[ALL]));
+	ASSERT_EQ(0, ioctl(gup, PIN_LONGTERM_TEST_STOP));
+	close(gup);
+	ASSERT_EQ(0, madvise(buf, 4 * self->page, MADV_UNMERGEABLE));
+	munmap(buf, 4 * self->page);
+}
+
+/*
+ * Migration to device-private memory (HMM, as GPU drivers' SVM does it)
+ * moves the data to the device and, at the next CPU access, back into a new
+ * page: two page changes, each MIGRATE, which the default mask reports.
+ * test_hmm's dmirror device plays the GPU.
+ */
+TEST_F(ev, migration_to_device_private_memory_and_back)
+{
+	__u64 before[4], after[4];
+	char *buf = map_touched(self->page, 4);
+	struct hmm_dmirror_cmd cmd = { .npages = 4 };
+	char mirror[4 * 4096 * 16];	/* 4 pages of up to 64 KiB */
+	struct pair to_dev, back;
+	int dev;
+
+	ASSERT_NE(NULL, buf);
+	dev = open("/dev/hmm_dmirror0", O_RDWR);
+	if (dev < 0)
+		SKIP(return, "no /dev/hmm_dmirror0 (CONFIG_TEST_HMM): %s", strerror(errno));
+	watch_pair(&self->s, buf, 4 * self->page, 0, &to_dev);
+	read_pagemap(self->page, buf, 4, before);
+	cmd.addr = (uintptr_t)buf;
+	cmd.ptr = (uintptr_t)mirror;	/* the device's copy, read back */
+	ASSERT_EQ(0, ioctl(dev, HMM_DMIRROR_MIGRATE_TO_DEV, &cmd))
+		TH_LOG("HMM_DMIRROR_MIGRATE_TO_DEV: %s", strerror(errno));
+	read_pagemap(self->page, buf, 4, after);
+	collect(&self->s);
+	EXPECT_EQ(4, cmd.cpages);
+	for (int i = 0; i < 4; i++)	/* not buf: a read brings it back */
+		EXPECT_EQ(i + 1, mirror[i * self->page]);
+	EXPECT_EQ(4, changed_pages(before, after, 4));
+	EXPECT_FALSE(valid(&self->s, &to_dev.w[DEFAULT]));
+	EXPECT_EQ(MEMWATCH_MIGRATE, reasons(&self->s, &to_dev, DEFAULT));
+	EXPECT_EQ(MEMWATCH_MIGRATE, reasons(&self->s, &to_dev, ALL) & MEMWATCH_MIGRATE);
+
+	/* The CPU's access brings each page back, into a new page. */
+	watch_pair(&self->s, buf, 4 * self->page, 1, &back);
+	for (int i = 0; i < 4; i++)
+		EXPECT_EQ(i + 1, buf[i * self->page]);
+	read_pagemap(self->page, buf, 4, before);
+	collect(&self->s);
+	for (int i = 0; i < 4; i++)
+		EXPECT_TRUE(before[i] & PM_PRESENT);
+	EXPECT_FALSE(valid(&self->s, &back.w[DEFAULT]));
+	EXPECT_EQ(MEMWATCH_MIGRATE, reasons(&self->s, &back, DEFAULT));
+	close(dev);
+	munmap(buf, 4 * self->page);
 }
 
 #define NUMAB "/sys/kernel/debug/sched/numa_balancing/"

@@ -21,6 +21,7 @@
 #include <sys/mman.h>
 #include <sys/shm.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -28,6 +29,7 @@
 #include <unistd.h>
 #include <linux/capability.h>
 #include <linux/memwatch.h>
+#include <linux/userfaultfd.h>
 
 #include "../kselftest_harness.h"
 #include "memwatch_util.h"
@@ -499,6 +501,221 @@ TEST_F(mw, poll_and_epoll)
 	close(ep);
 }
 
+/*
+ * Readiness is the file's, whoever polls: a fork child that shares the
+ * descriptor (in an epoll set, say) sees what its parent sees, not an
+ * error; only its read() fails (EPERM).
+ */
+TEST_F(mw, fork_child_polls_the_parents_readiness)
+{
+	char *buf = map_pages(self->page, 1);
+	struct memwatch_add w;
+	int status;
+	pid_t pid;
+
+	ASSERT_NE(NULL, buf);
+	ASSERT_EQ(0, add_watch(self->fd, buf, self->page, 1, 0, &w));
+	for (int queued = 0; queued < 2; queued++) {
+		if (queued)
+			ASSERT_EQ(0, madvise(buf, self->page, MADV_DONTNEED));
+		pid = fork();
+		ASSERT_LE(0, pid);
+		if (!pid) {
+			struct pollfd pfd = { .fd = self->fd, .events = POLLIN };
+
+			_exit(poll(&pfd, 1, 0) < 0 ? 255 : pfd.revents & 0xff);
+		}
+		ASSERT_EQ(pid, waitpid(pid, &status, 0));
+		ASSERT_TRUE(WIFEXITED(status));
+		EXPECT_EQ(queued ? POLLIN : 0, WEXITSTATUS(status))
+			TH_LOG("the child's revents 0x%x, %d record(s) queued",
+			       WEXITSTATUS(status), queued);
+	}
+	munmap(buf, self->page);
+}
+
+/*
+ * Once the watched mm is gone and its records are read, poll() reports
+ * POLLHUP; the exit wakes a poller even when no record comes (a mask
+ * without RELEASE or UNMAP).
+ */
+TEST(poll_hup_after_the_mm_is_gone)
+{
+	for (int release = 0; release < 2; release++) {
+		struct pollfd pfd = { .events = POLLIN };
+		struct memwatch_event ev[4];
+		int sv[2], status;
+		pid_t pid;
+
+		ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
+		pid = fork();
+		ASSERT_LE(0, pid);
+		if (!pid) {
+			long page = sysconf(_SC_PAGESIZE);
+			char *buf = map_pages(page, 1);
+			int mfd = memwatch_create(MEMWATCH_NONBLOCK);
+			char go;
+
+			if (!buf || mfd < 0 ||
+			    add_watch(mfd, buf, page, 7,
+				      release ? 0 : MEMWATCH_PROTECTION, NULL) ||
+			    send_fd(sv[1], mfd))
+				_exit(1);
+			_exit(read(sv[1], &go, 1) == 1 ? 0 : 2);
+		}
+		pfd.fd = recv_fd(sv[0]);
+		ASSERT_LE(0, pfd.fd);
+		EXPECT_EQ(0, poll(&pfd, 1, 0))	/* its creator lives */
+			TH_LOG("revents 0x%x", pfd.revents);
+		ASSERT_EQ(1, write(sv[0], "g", 1));
+		EXPECT_EQ(1, poll(&pfd, 1, 10000));
+		EXPECT_EQ(release ? POLLIN : POLLHUP,
+			  pfd.revents & (POLLIN | POLLHUP))
+			TH_LOG("release %d: woken with 0x%x", release, pfd.revents);
+		ASSERT_EQ(pid, waitpid(pid, &status, 0));
+		ASSERT_EQ(0, WEXITSTATUS(status));
+		EXPECT_EQ(release ? 1 : -EAGAIN, read_events(pfd.fd, ev, 4));
+		EXPECT_EQ(1, poll(&pfd, 1, 0));
+		EXPECT_EQ(POLLHUP, pfd.revents & (POLLIN | POLLHUP));
+		close(pfd.fd);
+		close(sv[0]);
+		close(sv[1]);
+	}
+}
+
+/* A removed watch's unread record is never read, even under its reused id. */
+TEST_F(mw, remove_discards_the_unread_record)
+{
+	struct pollfd pfd = { .fd = self->fd, .events = POLLIN };
+	char *buf = map_pages(self->page, 1);
+	struct memwatch_event ev[4] = { 0 };
+	struct memwatch_add w1, w2;
+
+	ASSERT_NE(NULL, buf);
+	ASSERT_EQ(0, fcntl(self->fd, F_SETFL, O_NONBLOCK));
+	ASSERT_EQ(0, add_watch(self->fd, buf, self->page, 1, 0, &w1));
+	ASSERT_EQ(0, madvise(buf, self->page, MADV_DONTNEED));
+	ASSERT_EQ(0, remove_watch(self->fd, w1.id));
+	ASSERT_EQ(0, add_watch(self->fd, buf, self->page, 2, 0, &w2));
+	EXPECT_EQ(w1.id, w2.id);	/* the lowest free id */
+	EXPECT_EQ(0, poll(&pfd, 1, 0));
+	EXPECT_EQ(-EAGAIN, read_events(self->fd, ev, 4))
+		TH_LOG("read cookie %llu under id %u", (unsigned long long)ev[0].cookie,
+		       ev[0].id);
+	buf[0] = 1;
+	ASSERT_EQ(0, madvise(buf, self->page, MADV_DONTNEED));
+	ASSERT_EQ(1, read_events(self->fd, ev, 4));
+	EXPECT_EQ(2, ev[0].cookie);
+	munmap(buf, self->page);
+}
+
+/*
+ * Each descriptor has an inode of its own: an LSM can label it, and its
+ * state area's mappings are not in a tree every anonymous inode shares.
+ */
+TEST_F(mw, an_inode_of_its_own)
+{
+	int other = memwatch_create(MEMWATCH_CLOEXEC);
+	struct stat a, b;
+
+	ASSERT_LE(0, other);
+	ASSERT_EQ(0, fstat(self->fd, &a));
+	ASSERT_EQ(0, fstat(other, &b));
+	EXPECT_NE(a.st_ino, b.st_ino);
+	close(other);
+}
+
+/*
+ * ADD copies its result out holding no lock of the descriptor: when the
+ * copy faults into a userfaultfd range, the fault's handler may use the
+ * descriptor (here a non-blocking read(), which must answer at once).
+ */
+struct faulting_add {
+	int uffd, fd;
+	char *arg_page;
+	long page;
+	struct memwatch_add *arg;
+	int add_ret;
+	atomic_int read_errno;		/* 0 until the handler's read() returned */
+};
+
+static void *add_thread(void *p)
+{
+	struct faulting_add *f = p;
+
+	f->add_ret = ioctl(f->fd, MEMWATCH_IOC_ADD, f->arg) ? errno : 0;
+	return NULL;
+}
+
+static void *fault_handler(void *p)
+{
+	struct faulting_add *f = p;
+	struct pollfd pfd = { .fd = f->uffd, .events = POLLIN };
+	struct uffdio_writeprotect wp = {
+		.range = { (uintptr_t)f->arg_page, f->page },
+	};
+	struct memwatch_event ev;
+	struct uffd_msg msg;
+
+	if (poll(&pfd, 1, 10000) != 1 ||
+	    read(f->uffd, &msg, sizeof(msg)) != sizeof(msg) ||
+	    msg.event != UFFD_EVENT_PAGEFAULT) {
+		atomic_store(&f->read_errno, -1);
+		return NULL;
+	}
+	atomic_store(&f->read_errno, read(f->fd, &ev, sizeof(ev)) < 0 ? errno : -2);
+	ioctl(f->uffd, UFFDIO_WRITEPROTECT, &wp);	/* the ADD goes on */
+	return NULL;
+}
+
+TEST(add_holds_no_lock_while_its_copy_faults)
+{
+	struct uffdio_api api = { .api = UFFD_API };
+	struct faulting_add f = { .page = sysconf(_SC_PAGESIZE) };
+	struct uffdio_register reg = { .mode = UFFDIO_REGISTER_MODE_WP };
+	struct uffdio_writeprotect wp = { .mode = UFFDIO_WRITEPROTECT_MODE_WP };
+	char *buf = map_pages(f.page, 1);
+	pthread_t adder, handler;
+	bool timed_out;
+	int waited;
+
+	ASSERT_NE(NULL, buf);
+	f.fd = memwatch_create(MEMWATCH_CLOEXEC | MEMWATCH_NONBLOCK);
+	ASSERT_LE(0, f.fd);
+	f.uffd = syscall(__NR_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+	if (f.uffd < 0)
+		SKIP(return, "userfaultfd: %s", strerror(errno));
+	ASSERT_EQ(0, ioctl(f.uffd, UFFDIO_API, &api));
+	f.arg_page = map_pages(f.page, 1);
+	ASSERT_NE(NULL, f.arg_page);
+	f.arg = (struct memwatch_add *)f.arg_page;
+	*f.arg = (struct memwatch_add){ .addr = (uintptr_t)buf, .len = f.page };
+	/* ADD reads its argument; its copy out write-faults. */
+	reg.range = (struct uffdio_range){ (uintptr_t)f.arg_page, f.page };
+	wp.range = reg.range;
+	ASSERT_EQ(0, ioctl(f.uffd, UFFDIO_REGISTER, &reg));
+	ASSERT_EQ(0, ioctl(f.uffd, UFFDIO_WRITEPROTECT, &wp));
+	ASSERT_EQ(0, pthread_create(&handler, NULL, fault_handler, &f));
+	ASSERT_EQ(0, pthread_create(&adder, NULL, add_thread, &f));
+	for (waited = 0; !atomic_load(&f.read_errno) && waited < 100; waited++)
+		usleep(50 * 1000);
+	/* Closing the userfaultfd lets a stuck ADD (and so the read) go on. */
+	timed_out = !atomic_load(&f.read_errno);
+	if (timed_out)
+		close(f.uffd);
+	pthread_join(adder, NULL);
+	pthread_join(handler, NULL);
+	EXPECT_FALSE(timed_out)
+		TH_LOG("the handler's read() waited 5 s for the faulting ADD");
+	EXPECT_EQ(EAGAIN, atomic_load(&f.read_errno));
+	EXPECT_EQ(0, f.add_ret);
+	EXPECT_EQ(0, f.arg->id);
+	close(f.uffd);
+	close(f.fd);
+	munmap(f.arg_page, f.page);
+	munmap(buf, f.page);
+}
+
 /* A blocking read sleeps until a change arrives from another thread. */
 static void *unmap_later(void *arg)
 {
@@ -608,6 +825,8 @@ TEST(per_user_limit)
 	struct memwatch_add w;
 	ssize_t n;
 
+	if (geteuid())
+		SKIP(return, "setting %s needs root", path);
 	ASSERT_NE(NULL, buf);
 	ASSERT_LE(0, fd);
 	sysctl = open(path, O_RDWR);
@@ -642,6 +861,8 @@ TEST(per_user_descriptor_limit)
 	int fds[8], n = 0, sysctl, i;
 	ssize_t len;
 
+	if (geteuid())
+		SKIP(return, "setting %s needs root", path);
 	sysctl = open(path, O_RDWR);
 	ASSERT_LE(0, sysctl) TH_LOG("%s: %s", path, strerror(errno));
 	len = read(sysctl, old, sizeof(old) - 1);
@@ -883,25 +1104,46 @@ static bool watch_held(int probe, char *addr, long page)
 	return errno == ENOSPC;
 }
 
-TEST(lifetime_is_the_files)
+/* The watch limit, put back by the teardown however the test ends. */
+FIXTURE(max_watches)
 {
-	const char *path = "/proc/sys/user/max_memwatch_watches";
+	int sysctl;
+	char old[32];
+	ssize_t n;
+};
+
+FIXTURE_SETUP(max_watches)
+{
+	self->n = 0;
+	self->sysctl = open("/proc/sys/user/max_memwatch_watches", O_RDWR);
+	if (self->sysctl >= 0)
+		self->n = read(self->sysctl, self->old, sizeof(self->old) - 1);
+}
+
+FIXTURE_TEARDOWN(max_watches)
+{
+	if (self->n > 0 && pwrite(self->sysctl, self->old, self->n, 0) < 0)
+		TH_LOG("max_memwatch_watches not put back: %s", strerror(errno));
+	if (self->sysctl >= 0)
+		close(self->sysctl);
+}
+
+TEST_F(max_watches, lifetime_is_the_files)
+{
 	long page = sysconf(_SC_PAGESIZE);
-	char *buf = map_pages(page, 2), old[32] = "";
-	int probe = memwatch_create(0), sysctl, fd, dupfd, status, sync[2];
+	char *buf = map_pages(page, 2);
+	int probe = memwatch_create(0), fd, dupfd, status, sync[2];
 	struct memwatch_add w;
 	const __u64 *slots;
 	void *area;
 	pid_t pid;
-	ssize_t n;
 
+	if (geteuid())
+		SKIP(return, "setting max_memwatch_watches needs root");
 	ASSERT_NE(NULL, buf);
 	ASSERT_LE(0, probe);
-	sysctl = open(path, O_RDWR);
-	ASSERT_LE(0, sysctl);
-	n = read(sysctl, old, sizeof(old) - 1);
-	ASSERT_LT(0, n);
-	ASSERT_LT(0, pwrite(sysctl, "1\n", 2, 0));
+	ASSERT_LT(0, self->n) TH_LOG("max_memwatch_watches: %s", strerror(errno));
+	ASSERT_LT(0, pwrite(self->sysctl, "1\n", 2, 0));
 
 	/* close() with the state area still mapped: the watch stays, and works. */
 	fd = memwatch_create(0);
@@ -950,8 +1192,6 @@ TEST(lifetime_is_the_files)
 	ASSERT_EQ(pid, waitpid(pid, &status, 0));
 	EXPECT_FALSE(watch_held(probe, buf + page, page));
 
-	ASSERT_LT(0, pwrite(sysctl, old, strlen(old), 0));
-	close(sysctl);
 	close(probe);
 	munmap(buf, 2 * page);
 }

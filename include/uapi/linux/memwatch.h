@@ -11,6 +11,11 @@
  * load and a compare. read() returns struct memwatch_event records saying
  * which sub-range changed and why; poll()/epoll report them.
  *
+ * The protocol of a registration cache: ADD, then register (pin); use the
+ * registration while words[id] equals the generation ADD returned (never
+ * one read from the word); when it moves, deregister, REMOVE and ADD again;
+ * after an overflow, MEMWATCH_IOC_CLEAR_OVERFLOW first, then rescan.
+ *
  * See Documentation/userspace-api/memwatch.rst.
  */
 #ifndef _UAPI_LINUX_MEMWATCH_H
@@ -46,10 +51,12 @@
 #define MEMWATCH_ALL_REASONS	0xffU
 
 /*
- * What changes which page backs an address for a pinned registration;
- * used when a watch's mask is 0.
+ * What changes which page backs an address; used when a watch's mask is 0.
+ * MIGRATE moves an unpinned page to device-private memory and back (HMM,
+ * SVM), each time to another page; pinned pages are never moved so.
  */
-#define MEMWATCH_DEFAULT_MASK	(MEMWATCH_UNMAP | MEMWATCH_CLEAR | MEMWATCH_RELEASE)
+#define MEMWATCH_DEFAULT_MASK	(MEMWATCH_UNMAP | MEMWATCH_CLEAR | MEMWATCH_RELEASE | \
+				 MEMWATCH_MIGRATE)
 
 /* struct memwatch_event flags */
 #define MEMWATCH_EVENT_COALESCED (1U << 0) /* more than one change merged here */
@@ -119,7 +126,7 @@ struct memwatch_header {
 	__u32 abi_version;	/* MEMWATCH_ABI_VERSION */
 	__u32 header_size;	/* sizeof(struct memwatch_header) */
 	__u64 seq;		/* bumped on every change reported to any watch */
-	__u32 overflow;		/* non-zero: events were dropped; rescan the words */
+	__u32 overflow;		/* non-zero: events were dropped; clear, then rescan */
 	__u32 reserved0;
 	__u64 overflow_count;	/* events dropped since creation */
 	__u64 active_watches;

@@ -37,9 +37,10 @@ enum odpwatch_memwatch_reason {
 	ODPWATCH_MEMWATCH_EXCLUSIVE = 1 << 7,	    /* made device-exclusive */
 };
 
-/* What changes the pages behind a pinned registration; used for reasons 0. */
+/* What changes the pages behind an address; used for reasons 0. */
 #define ODPWATCH_MEMWATCH_DEFAULT_REASONS                                                          \
-	(ODPWATCH_MEMWATCH_UNMAP | ODPWATCH_MEMWATCH_CLEAR | ODPWATCH_MEMWATCH_RELEASE)
+	(ODPWATCH_MEMWATCH_UNMAP | ODPWATCH_MEMWATCH_CLEAR | ODPWATCH_MEMWATCH_RELEASE |           \
+	 ODPWATCH_MEMWATCH_MIGRATE)
 
 /* odpwatch_memwatch_create() flags */
 #define ODPWATCH_MEMWATCH_NONBLOCK (1U << 0) /* reads return 0 events instead of waiting */
