@@ -18,9 +18,11 @@
  * vm.memwatch_max_overlap of them already overlap: no address of the mm is
  * under more watches than that, however many the process holds.
  *
- * Locking: ctx->lock (mutex) serialises the descriptor's id map, remove,
- * queue resize and reads; it is never held across a wait for the mm or a
- * user copy, so a read() does not wait behind an ADD that does.
+ * Locking: ctx->lock (mutex) serialises the descriptor's id map, queue
+ * resize and reads. ADD and REMOVE drop it before they wait for the mm
+ * (mmu_interval_read_begin(), the notifier's removal) or copy to the user,
+ * so a read() does not wait behind them; the first ADD of a process holds
+ * it while it registers the mm's notifier (mm_take_all_locks()).
  * ctx->qlock (spinlock) protects the event ring, the statistics and the
  * generation words, and is the only lock the notifier callback takes.
  * memwatch_mm.lock, taken inside ctx->lock, protects the mm's tree.
@@ -311,6 +313,17 @@ static struct memwatch_event *memwatch_unread(struct memwatch_ctx *ctx,
 	return ctx->ring[slot].id == w->id ? &ctx->ring[slot] : NULL;
 }
 
+/*
+ * Consume the records of removed watches at the head of the queue, so that
+ * a queue without a live record is empty: it then has room, and poll() and
+ * SET_QUEUE see it as it is. Under qlock.
+ */
+static void memwatch_skip_discarded(struct memwatch_ctx *ctx)
+{
+	while (ctx->qhead != ctx->qtail && !memwatch_ring(ctx, ctx->qhead)->reasons)
+		ctx->qhead++;
+}
+
 /* Queue a record for @w, or merge into its unread one. Under qlock. */
 static void memwatch_queue_event(struct memwatch_ctx *ctx,
 				 struct memwatch_watch *w, u64 start, u64 end,
@@ -419,9 +432,17 @@ static bool memwatch_invalidate(struct mmu_interval_notifier *mni,
 	 * read). The full barrier in wq_has_sleeper() pairs with the one in
 	 * memwatch_poll() and with set_current_state() in a blocking read.
 	 */
-	if ((change || last) && wq_has_sleeper(&ctx->wqh))
-		wake_up_interruptible_poll(&ctx->wqh,
-					   EPOLLIN | EPOLLRDNORM | EPOLLHUP);
+	if ((change || last) && wq_has_sleeper(&ctx->wqh)) {
+		/*
+		 * The key is what a waiter may take as the result without
+		 * polling again (io_uring, aio): a record is EPOLLIN; the end
+		 * wakes with no key, so that each polls and finds EPOLLHUP.
+		 */
+		if (change)
+			wake_up_interruptible_poll(&ctx->wqh, EPOLLIN | EPOLLRDNORM);
+		else
+			wake_up_interruptible(&ctx->wqh);
+	}
 	return true;
 }
 
@@ -564,10 +585,8 @@ static long memwatch_add(struct memwatch_ctx *ctx, void __user *uarg)
 	arg.id = id;
 	if (copy_to_user(uarg, &arg, sizeof(arg))) {
 		/* A watch whose id the caller never learns is of no use. */
-		mutex_lock(&ctx->lock);
-		xa_erase(&ctx->watches, id);
 		memwatch_destroy(ctx, w);
-		mutex_unlock(&ctx->lock);
+		xa_erase(&ctx->watches, id);
 		return -EFAULT;
 	}
 	mutex_lock(&ctx->lock);
@@ -585,7 +604,10 @@ out_ucount:
 	return err;
 }
 
-/* Remove one watch; ctx->lock held. */
+/*
+ * Remove one watch that nobody else can reach: its id is reserved (or the
+ * descriptor is being released).
+ */
 static void memwatch_destroy(struct memwatch_ctx *ctx,
 			     struct memwatch_watch *w)
 {
@@ -604,9 +626,10 @@ static void memwatch_destroy(struct memwatch_ctx *ctx,
 	 * has it: read() skips a record without reasons.
 	 */
 	ev = memwatch_unread(ctx, w);
-	if (ev) {
+	if (ev && ev->reasons) {
 		ev->reasons = 0;
 		WRITE_ONCE(ctx->qlive, ctx->qlive - 1);
+		memwatch_skip_discarded(ctx);
 	}
 	ctx->stats.watches--;
 	WRITE_ONCE(ctx->hdr->active_watches, ctx->stats.watches);
@@ -630,9 +653,15 @@ static long memwatch_remove(struct memwatch_ctx *ctx, void __user *uarg)
 		mutex_unlock(&ctx->lock);
 		return -ENOENT;
 	}
-	xa_erase(&ctx->watches, arg.id);
-	memwatch_destroy(ctx, w);
+	/*
+	 * Reserved, not free, until the watch is gone: a second REMOVE finds
+	 * nothing and ADD cannot take the id. The removal may wait for an
+	 * invalidation of the mm to end; read() does not wait with it.
+	 */
+	xa_store(&ctx->watches, arg.id, NULL, GFP_KERNEL);
 	mutex_unlock(&ctx->lock);
+	memwatch_destroy(ctx, w);
+	xa_erase(&ctx->watches, arg.id);
 	return 0;
 }
 
@@ -712,6 +741,21 @@ static long memwatch_ioctl(struct file *file, unsigned int cmd,
 	return -ENOTTY;
 }
 
+/*
+ * The watched mm has exited and every watch has had its RELEASE, the last
+ * record the mm gives, and those records are read: nothing more will come.
+ */
+static bool memwatch_ended(struct memwatch_ctx *ctx)
+{
+	bool ended;
+
+	spin_lock(&ctx->qlock);
+	ended = !ctx->qlive && !atomic_read(&ctx->mm->mm_users) &&
+		ctx->released == ctx->stats.watches;
+	spin_unlock(&ctx->qlock);
+	return ended;
+}
+
 static ssize_t memwatch_read(struct file *file, char __user *buf,
 			     size_t count, loff_t *ppos)
 {
@@ -741,16 +785,22 @@ static ssize_t memwatch_read(struct file *file, char __user *buf,
 				batch[i++] = *ev;
 		}
 		WRITE_ONCE(ctx->qlive, ctx->qlive - i);
+		memwatch_skip_discarded(ctx);
 		ctx->stats.events_read += i;
 		spin_unlock(&ctx->qlock);
 		if (i)
 			break;
 		mutex_unlock(&ctx->lock);
+		/* Nothing more can come: end of file, as a pipe's. */
+		ret = 0;
+		if (memwatch_ended(ctx))
+			goto out_free;
 		if (file->f_flags & O_NONBLOCK) {
 			ret = -EAGAIN;
 			goto out_free;
 		}
-		ret = wait_event_interruptible(ctx->wqh, READ_ONCE(ctx->qlive));
+		ret = wait_event_interruptible(ctx->wqh, READ_ONCE(ctx->qlive) ||
+					       memwatch_ended(ctx));
 		if (ret)
 			goto out_free;
 		mutex_lock(&ctx->lock);
@@ -787,20 +837,16 @@ static __poll_t memwatch_poll(struct file *file, poll_table *wait)
 	/*
 	 * Readiness is the file's, whoever asks: a fork child polling its
 	 * parent's descriptor in a shared epoll set sees what the parent
-	 * sees (and gets EPERM if it reads). qlock orders this against the
-	 * callback's queueing and wake-up.
+	 * sees (and gets EPERM if it reads; a level-triggered epoll set of
+	 * the child reports the parent's unread records until the parent
+	 * reads them).
 	 */
-	spin_lock(&ctx->qlock);
-	if (ctx->qlive)
+	/* On the wait queue before qlive is read: see memwatch_invalidate(). */
+	smp_mb();
+	if (READ_ONCE(ctx->qlive))
 		events = EPOLLIN | EPOLLRDNORM;
-	/*
-	 * The watched mm has exited, every watch has had its RELEASE (the
-	 * last record the mm gives) and the records are read: the end.
-	 */
-	else if (!atomic_read(&ctx->mm->mm_users) &&
-		 ctx->released == ctx->stats.watches)
+	else if (memwatch_ended(ctx))
 		events = EPOLLHUP;
-	spin_unlock(&ctx->qlock);
 	return events;
 }
 

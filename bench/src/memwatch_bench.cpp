@@ -29,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -1147,6 +1148,196 @@ void bench_ksm(Report &rep, const Options &o)
 	rep.remark("KSM (ns/op: one re-registration, dereg + reg + watch): " + summary);
 }
 
+// What a process's watches cost whoever invalidates its memory (issue 42,
+// item 2): munmap of a region, reclaim of it (MADV_PAGEOUT, the work
+// kswapd does page by page) and the process's exit. Variants: no memwatch
+// ever, memwatch used but nothing watched here, 1k watches tiling the
+// region, a watch per page, 1M page watches over 16 times the region (not
+// QUICK, not at exit: a process adds them in ~30 s under TCG), and 16 and
+// 256 watches each over all of it, 256 being the most the default
+// vm.memwatch_max_overlap lets a process pile up. Each variant in a
+// process of its own, interleaved.
+struct Layout {
+	std::string name, note;
+	size_t count;  // watches
+	size_t span;   // bytes each covers
+	size_t stride; // bytes between their starts
+};
+
+constexpr uintptr_t region_at = uintptr_t{3} << 40; // clear of map_page()'s
+
+void *map_region(size_t len, int fd)
+{
+	void *p = mmap(reinterpret_cast<void *>(region_at), len,
+		       fd < 0 ? PROT_READ | PROT_WRITE : PROT_READ,
+		       MAP_PRIVATE | MAP_FIXED_NOREPLACE | (fd < 0 ? MAP_ANONYMOUS : 0), fd, 0);
+	if (p == MAP_FAILED)
+		throw verbs::Error("mmap of the region at 3 TiB", errno);
+	return p;
+}
+
+// Every page faulted in: written if anonymous, read if a file's.
+void populate(void *p, size_t len, bool write)
+{
+	volatile char *c = static_cast<char *>(p);
+	for (size_t off = 0; off < len; off += page)
+		if (write)
+			c[off] = 1;
+		else
+			(void)c[off];
+}
+
+size_t resident_pages(void *p, size_t len)
+{
+	std::vector<unsigned char> v(len / page);
+	if (mincore(p, len, v.data()))
+		throw verbs::Error("mincore", errno);
+	return size_t(std::count_if(v.begin(), v.end(), [](unsigned char b) { return b & 1; }));
+}
+
+// A memwatch with @l's watches (and one elsewhere, so the mm's notifier is
+// registered even with none here); none for no layout.
+std::shared_ptr<Memwatch> watches_of(const Layout *l)
+{
+	if (!l)
+		return nullptr;
+	auto mw = std::make_shared<Memwatch>(l->count + 1);
+	mw->add(map_page(), page, 0);
+	for (size_t i = 0; i < l->count; i++)
+		mw->add(reinterpret_cast<void *>(region_at + i * l->stride), l->span, i + 1);
+	return mw;
+}
+
+MunmapSample timed(const std::function<void()> &f)
+{
+	int64_t t0 = now_ns();
+	f();
+	return MunmapSample{double(now_ns() - t0), 0};
+}
+
+void bench_others_pay(Report &rep, const Options &o)
+{
+	const std::string g = "invalidations others pay for: a region's munmap, reclaim and exit";
+	const size_t len = size_t(o.quick ? 64 : 256) << 20, pages = len / page;
+	std::vector<Layout> layouts = {
+		{"memwatch, no watch here", "the mm's notifier; one watch elsewhere", 0, 0, 0},
+		{"1k watches", "each over 1/1024 of the region", 1024, len / 1024, len / 1024},
+		{"a watch per page", std::to_string(pages) + " watches", pages, page, page},
+		{"16 watches over it all", "each over the whole region", 16, len, 0},
+		{"256 watches over it all", "each over the whole region: the overlap bound", 256,
+		 len, 0},
+	};
+	if (!o.quick)
+		layouts.push_back({"1M page watches", "over 16 times the region", size_t{1} << 20,
+				   page, page});
+	// A file, not anonymous memory: the guest has no swap, and only clean
+	// file pages are reclaimed without one. Beside the CSV (9p in the
+	// guest: not tmpfs, whose pages need swap too); sparse, so no disk.
+	const auto slash = o.csv.rfind('/');
+	const std::string file =
+		(slash == std::string::npos ? std::string("/out") : o.csv.substr(0, slash)) +
+		"/.memwatch-reclaim";
+	int fd = open(file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0 || ftruncate(fd, off_t(len)))
+		throw verbs::Error("the reclaim file " + file, errno);
+	unlink(file.c_str());
+
+	// Each layout in a worker of its own, "none" first. @exit_op: the
+	// watches are made by the process that exits, each round (1M are
+	// left out there: a process takes ~30 s to add them under TCG).
+	auto variants = [&](const std::function<MunmapRep(const Layout *)> &op, bool exit_op) {
+		std::vector<MunmapVariant> v = {
+			{"none", "no memwatch ever in the process", [=] { return op(nullptr); }}};
+		for (const Layout &l : layouts)
+			if (!exit_op || l.count <= pages)
+				v.push_back({l.name, l.note, [=] { return op(&l); }});
+		return v;
+	};
+
+	auto munmap_op = [=](const Layout *l) -> MunmapRep {
+		auto mw = watches_of(l);
+		return [=] {
+			void *p = map_region(len, -1);
+			populate(p, len, true);
+			if (mw)
+				drain(*mw);
+			return timed([=] { munmap(p, len); });
+		};
+	};
+	run_munmap_variants(rep, g, "munmap", variants(munmap_op, false), o.reps, 0);
+
+	auto reclaim_op = [=](const Layout *l) -> MunmapRep {
+		auto mw = watches_of(l);
+		return [=] {
+			void *p = map_region(len, fd);
+			populate(p, len, false);
+			if (mw)
+				drain(*mw);
+			MunmapSample s = timed([=] { madvise(p, len, MADV_PAGEOUT); });
+			// Reclaim must have happened, or nothing was measured.
+			size_t left = resident_pages(p, len);
+			munmap(p, len);
+			if (left > pages / 10)
+				throw verbs::Error("MADV_PAGEOUT left " + std::to_string(left) +
+							   " of " + std::to_string(pages) +
+							   " pages resident",
+						   EAGAIN);
+			return s;
+		};
+	};
+	run_munmap_variants(rep, g, "reclaim (MADV_PAGEOUT)", variants(reclaim_op, false), o.reps,
+			    0);
+
+	// A child maps, populates and watches the region and exits when told:
+	// timed from the word to waitpid()'s return.
+	auto exit_op = [=](const Layout *l) -> MunmapRep {
+		std::optional<Layout> layout;
+		if (l)
+			layout = *l;
+		return [=] {
+			int go[2], ready[2];
+			if (pipe2(go, O_CLOEXEC))
+				throw verbs::Error("pipe", errno);
+			if (pipe2(ready, O_CLOEXEC)) {
+				int err = errno;
+				close(go[0]);
+				close(go[1]);
+				throw verbs::Error("pipe", err);
+			}
+			pid_t pid = fork();
+			if (pid == 0) {
+				char c = 0;
+				try {
+					auto mw = watches_of(layout ? &*layout : nullptr);
+					populate(map_region(len, -1), len, true);
+					if (write(ready[1], &c, 1) != 1 || read(go[0], &c, 1) != 1)
+						_exit(2);
+					_exit(0); // the watches still held: they go with the mm
+				} catch (...) {
+					_exit(1);
+				}
+			}
+			close(go[0]);
+			close(ready[1]);
+			char c = 0;
+			int status = 0;
+			bool ok = pid > 0 && read(ready[0], &c, 1) == 1;
+			MunmapSample s = timed([&] {
+				ok = ok && write(go[1], &c, 1) == 1;
+				if (pid > 0)
+					waitpid(pid, &status, 0);
+			});
+			close(go[1]);
+			close(ready[0]);
+			if (!ok || !WIFEXITED(status) || WEXITSTATUS(status))
+				throw verbs::Error("the exiting child failed", EIO);
+			return s;
+		};
+	};
+	run_munmap_variants(rep, g, "exit", variants(exit_op, true), o.reps, 0);
+	close(fd);
+}
+
 int memwatch_bench(const Options &o)
 {
 	Report rep("memwatch against a userfaultfd monitor and an interposed hook");
@@ -1159,7 +1350,8 @@ int memwatch_bench(const Options &o)
 		 {"event delivery", [&] { bench_delivery(rep, o); }},
 		 {"first watch", [&] { bench_first_watch(rep, o); }},
 		 {"false positives under malloc", [&] { bench_malloc_false_positives(rep, o); }},
-		 {"KSM over pinned registrations", [&] { bench_ksm(rep, o); }}});
+		 {"KSM over pinned registrations", [&] { bench_ksm(rep, o); }},
+		 {"invalidations others pay for", [&] { bench_others_pay(rep, o); }}});
 	rep.finish(o.csv);
 	return 0;
 }

@@ -25,6 +25,7 @@
 #include <sys/stat.h>
 #include <sys/swap.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -600,40 +601,53 @@ TEST_F_TIMEOUT(ev, ksm_merge, 150)
 }
 
 /*
- * KSM finds a pinned page's twin and gives up on it (a pinned page cannot be
- * merged), but must not invalidate it first: the change would tell the pin's
- * holder that an identical page exists somewhere, on every pass. The pin is
- * gup_test's, held from START to STOP as a FOLL_LONGTERM pin.
+ * KSM finds a twin of a page it cannot merge (one with references beyond
+ * its mappings: pinned, or held by a pipe) and gives up on it, but must not
+ * invalidate it first: the change would tell whoever watches the page that
+ * a page with the same content exists somewhere, on every pass. The pin is
+ * gup_test's, held from START to STOP as a FOLL_LONGTERM pin; the pipe's
+ * reference comes from vmsplice().
  */
-TEST_F_TIMEOUT(ev, ksm_leaves_a_pinned_page_alone, 150)
+static void ksm_leaves_a_held_page_alone(struct __test_metadata *_metadata,
+					 struct state *st, long page, bool pipe_ref)
 {
-	struct pin_longterm_test pin = { .size = self->page };
-	char *buf = map_touched(self->page, 4), scans[32];
+	struct pin_longterm_test pin = { .size = page };
+	char *buf = map_touched(page, 4), scans[32];
 	__u64 before[4], after[4];
 	long first = -1, last = -1;
-	struct pair pinned;
-	int gup;
+	int gup = -1, pipefd[2] = { -1, -1 };
+	struct pair held;
 
 	ASSERT_NE(NULL, buf);
-	gup = open("/sys/kernel/debug/gup_test", O_RDWR);
-	if (gup < 0)
-		SKIP(return, "no /sys/kernel/debug/gup_test (CONFIG_GUP_TEST)");
-	/* Page 0 (pinned) and 1 are twins, 2 and 3 are twins (a control). */
-	memset(buf, 0x5a, 2 * self->page);
-	memset(buf + 2 * self->page, 0xa5, 2 * self->page);
-	pin.addr = (uintptr_t)buf;
-	ASSERT_EQ(0, ioctl(gup, PIN_LONGTERM_TEST_START, &pin));
-	ASSERT_EQ(0, set_knob(_metadata, &self->s, "/sys/kernel/mm/ksm/sleep_millisecs", "10"));
-	ASSERT_EQ(0, set_knob(_metadata, &self->s, "/sys/kernel/mm/ksm/pages_to_scan", "1000"));
-	ASSERT_EQ(0, set_knob(_metadata, &self->s, "/sys/kernel/mm/ksm/run", "1"));
-	ASSERT_EQ(0, set_knob(_metadata, &self->s, "/sys/kernel/mm/ksm/run", "1"));
-	snprintf(self->s.old[self->s.knobs - 1], 64, "2");	/* unmerge first */
-	watch_pair(&self->s, buf, self->page, 0, &pinned);
-	read_pagemap(self->page, buf, 4, before);
-	ASSERT_EQ(0, madvise(buf, 4 * self->page, MADV_MERGEABLE));
+	/* Page 0 (held) and 1 are twins, 2 and 3 are twins (a control). */
+	memset(buf, 0x5a, 2 * page);
+	memset(buf + 2 * page, 0xa5, 2 * page);
+	if (pipe_ref) {
+		struct iovec iov = { .iov_base = buf, .iov_len = page };
+
+		ASSERT_EQ(0, pipe(pipefd));
+		ASSERT_EQ((ssize_t)page, vmsplice(pipefd[1], &iov, 1, 0));
+	} else {
+		gup = open("/sys/kernel/debug/gup_test", O_RDWR);
+		if (gup < 0)
+			SKIP(return, "/sys/kernel/debug/gup_test (CONFIG_GUP_TEST): %s",
+			     strerror(errno));
+		pin.addr = (uintptr_t)buf;
+		ASSERT_EQ(0, ioctl(gup, PIN_LONGTERM_TEST_START, &pin));
+	}
+	/* NUMA balancing would change the ALL watch (PROTECTION) meanwhile. */
+	ASSERT_EQ(0, set_knob(_metadata, st, "/proc/sys/kernel/numa_balancing", "0"));
+	ASSERT_EQ(0, set_knob(_metadata, st, "/sys/kernel/mm/ksm/sleep_millisecs", "10"));
+	ASSERT_EQ(0, set_knob(_metadata, st, "/sys/kernel/mm/ksm/pages_to_scan", "1000"));
+	ASSERT_EQ(0, set_knob(_metadata, st, "/sys/kernel/mm/ksm/run", "1"));
+	ASSERT_EQ(0, set_knob(_metadata, st, "/sys/kernel/mm/ksm/run", "1"));
+	snprintf(st->old[st->knobs - 1], 64, "2");	/* unmerge first */
+	watch_pair(st, buf, page, 0, &held);
+	read_pagemap(page, buf, 4, before);
+	ASSERT_EQ(0, madvise(buf, 4 * page, MADV_MERGEABLE));
 	/* Three full passes after the control pair merged. */
 	for (double t0 = now(); now() - t0 < 120; usleep(50000)) {
-		read_pagemap(self->page, buf, 4, after);
+		read_pagemap(page, buf, 4, after);
 		if (PM_PFN(after[2]) != PM_PFN(after[3]))
 			continue;
 		if (read_file("/sys/kernel/mm/ksm/full_scans", scans, sizeof(scans)))
@@ -644,19 +658,35 @@ TEST_F_TIMEOUT(ev, ksm_leaves_a_pinned_page_alone, 150)
 		if (last - first >= 3)
 			break;
 	}
-	collect(&self->s);
+	collect(st);
 	ASSERT_EQ(PM_PFN(after[2]), PM_PFN(after[3]))
 		TH_LOG("KSM merged nothing in 120 s");
 	EXPECT_LE(3, last - first);
 	EXPECT_EQ(PM_PFN(before[0]), PM_PFN(after[0]));
-	EXPECT_TRUE(valid(&self->s, &pinned.w[DEFAULT]))
-		TH_LOG("KSM invalidated the pinned page: reasons 0x%x",
-		       reasons(&self->s, &pinned, ALL));
-	EXPECT_TRUE(valid(&self->s, &pinned.w[ALL]));
-	ASSERT_EQ(0, ioctl(gup, PIN_LONGTERM_TEST_STOP));
-	close(gup);
-	ASSERT_EQ(0, madvise(buf, 4 * self->page, MADV_UNMERGEABLE));
-	munmap(buf, 4 * self->page);
+	EXPECT_TRUE(valid(st, &held.w[DEFAULT]))
+		TH_LOG("KSM invalidated the page it cannot merge: reasons 0x%x",
+		       reasons(st, &held, ALL));
+	EXPECT_TRUE(valid(st, &held.w[ALL]));
+	if (gup >= 0) {
+		EXPECT_EQ(0, ioctl(gup, PIN_LONGTERM_TEST_STOP));
+		close(gup);
+	}
+	if (pipefd[0] >= 0) {
+		close(pipefd[0]);
+		close(pipefd[1]);
+	}
+	ASSERT_EQ(0, madvise(buf, 4 * page, MADV_UNMERGEABLE));
+	munmap(buf, 4 * page);
+}
+
+TEST_F_TIMEOUT(ev, ksm_leaves_a_pinned_page_alone, 150)
+{
+	ksm_leaves_a_held_page_alone(_metadata, &self->s, self->page, false);
+}
+
+TEST_F_TIMEOUT(ev, ksm_leaves_a_page_in_a_pipe_alone, 150)
+{
+	ksm_leaves_a_held_page_alone(_metadata, &self->s, self->page, true);
 }
 
 /*
@@ -677,7 +707,9 @@ TEST_F(ev, migration_to_device_private_memory_and_back)
 	ASSERT_NE(NULL, buf);
 	dev = open("/dev/hmm_dmirror0", O_RDWR);
 	if (dev < 0)
-		SKIP(return, "no /dev/hmm_dmirror0 (CONFIG_TEST_HMM): %s", strerror(errno));
+		SKIP(return, "/dev/hmm_dmirror0 (CONFIG_TEST_HMM): %s", strerror(errno));
+	/* NUMA balancing could migrate the pages meanwhile (CLEAR). */
+	ASSERT_EQ(0, set_knob(_metadata, &self->s, "/proc/sys/kernel/numa_balancing", "0"));
 	watch_pair(&self->s, buf, 4 * self->page, 0, &to_dev);
 	read_pagemap(self->page, buf, 4, before);
 	cmd.addr = (uintptr_t)buf;

@@ -53,7 +53,8 @@
 /*
  * What changes which page backs an address; used when a watch's mask is 0.
  * MIGRATE moves an unpinned page to device-private memory and back (HMM,
- * SVM), each time to another page; pinned pages are never moved so.
+ * SVM), each time to another page; a pinned page stays, though a range
+ * migrated around it reports MIGRATE too.
  */
 #define MEMWATCH_DEFAULT_MASK	(MEMWATCH_UNMAP | MEMWATCH_CLEAR | MEMWATCH_RELEASE | \
 				 MEMWATCH_MIGRATE)
