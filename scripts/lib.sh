@@ -238,7 +238,10 @@ promote_background_kernel() {
 }
 promote_tree() {
 	local c
-	chrt --other -p 0 "$1" >/dev/null 2>&1 && renice -n 0 -p "$1" >/dev/null 2>&1
+	# A process of the tree may end between ps and these: not an error
+	# (under set -e the failing renice of an && list ended the lane).
+	chrt --other -p 0 "$1" >/dev/null 2>&1 || true
+	renice -n 0 -p "$1" >/dev/null 2>&1 || true
 	for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do promote_tree "$c"; done
 	return 0
 }
