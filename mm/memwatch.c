@@ -18,8 +18,9 @@
  * vm.memwatch_max_overlap of them already overlap: no address of the mm is
  * under more watches than that, however many the process holds.
  *
- * Locking: ctx->lock (mutex) serialises the descriptor's id map, queue
- * resize and reads. ADD and REMOVE drop it before they wait for the mm
+ * Locking: ctx->lock (mutex) serialises lookups and reservations in the
+ * descriptor's id map (an xarray, with a lock of its own), queue resize and
+ * reads. ADD and REMOVE drop it before they wait for the mm
  * (mmu_interval_read_begin(), the notifier's removal) or copy to the user,
  * so a read() does not wait behind them; the first ADD of a process holds
  * it while it registers the mm's notifier (mm_take_all_locks()).
@@ -543,9 +544,10 @@ static long memwatch_add(struct memwatch_ctx *ctx, void __user *uarg)
 	}
 	/*
 	 * The generation is the word before the watch exists: only its own
-	 * callback (and REMOVE of this id, excluded by ctx->lock) changes the
-	 * word, so every invalidation the watch's mask reports moves the word
-	 * past what ADD returns, however soon after the insert it starts.
+	 * callback (and REMOVE of this id, reserved until ADD returns)
+	 * changes the word, so every invalidation the watch's mask reports
+	 * moves the word past what ADD returns, however soon after the
+	 * insert it starts.
 	 */
 	arg.generation = memwatch_read_gen(gen);
 	/* Counted and entered under one hold of the tree's lock. */
@@ -807,6 +809,12 @@ static ssize_t memwatch_read(struct file *file, char __user *buf,
 	}
 	mutex_unlock(&ctx->lock);
 	n = i;
+	/*
+	 * These were the last records: a waiter for the end alone (no
+	 * EPOLLIN in its events) was not woken by them, and is now.
+	 */
+	if (memwatch_ended(ctx))
+		wake_up_interruptible(&ctx->wqh);
 
 	/*
 	 * Records that cannot be copied out are gone from the queue: count
