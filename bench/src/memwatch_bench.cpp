@@ -410,6 +410,20 @@ void write_all(int fd, const void *buf, size_t len)
 	}
 }
 
+// Two pipes (close-on-exec), a command channel and its answers: both or,
+// with the first closed again, an exception.
+void make_pipes(int a[2], int b[2])
+{
+	if (pipe2(a, O_CLOEXEC))
+		throw verbs::Error("pipe", errno);
+	if (pipe2(b, O_CLOEXEC)) {
+		int err = errno;
+		close(a[0]);
+		close(a[1]);
+		throw verbs::Error("pipe", err);
+	}
+}
+
 bool read_all_bytes(int fd, void *buf, size_t len)
 {
 	char *p = static_cast<char *>(buf);
@@ -438,14 +452,7 @@ public:
 	    : name_(std::move(name))
 	{
 		int cmd[2], res[2];
-		if (pipe2(cmd, O_CLOEXEC))
-			throw verbs::Error("pipe", errno);
-		if (pipe2(res, O_CLOEXEC)) {
-			int err = errno;
-			close(cmd[0]);
-			close(cmd[1]);
-			throw verbs::Error("pipe", err);
-		}
+		make_pipes(cmd, res);
 		std::fflush(nullptr);
 		pid_ = fork();
 		if (pid_ < 0) {
@@ -989,7 +996,8 @@ void bench_malloc_false_positives(Report &rep, const Options &o)
 	rep.remark(std::string("malloc-heavy program: ") + note);
 }
 
-// A knob under /sys, set for the life of this object and put back after.
+// A knob under /sys or /proc/sys, set for the life of this object and put
+// back after.
 class SysKnob
 {
 public:
@@ -1195,55 +1203,6 @@ size_t resident_pages(void *p, size_t len)
 	return size_t(std::count_if(v.begin(), v.end(), [](unsigned char b) { return b & 1; }));
 }
 
-// A sysctl raised to at least @want for a scope, then put back.
-class SysctlAtLeast
-{
-public:
-	SysctlAtLeast(std::string path, size_t want) : path_(std::move(path))
-	{
-		old_ = std::stoull(read_text());
-		if (old_ < want)
-			write_text(std::to_string(want));
-	}
-	SysctlAtLeast(const SysctlAtLeast &) = delete;
-	SysctlAtLeast &operator=(const SysctlAtLeast &) = delete;
-	~SysctlAtLeast()
-	{
-		try {
-			write_text(std::to_string(old_));
-		} catch (const std::exception &e) {
-			std::fprintf(stderr, "bench memwatch: %s not put back: %s\n", path_.c_str(),
-				     e.what());
-		}
-	}
-
-private:
-	std::string read_text()
-	{
-		char buf[64] = {};
-		int fd = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-		ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof(buf) - 1);
-		int err = errno;
-		if (fd >= 0)
-			close(fd);
-		if (n <= 0)
-			throw verbs::Error("read " + path_, n < 0 ? err : EIO);
-		return buf;
-	}
-	void write_text(const std::string &v)
-	{
-		int fd = open(path_.c_str(), O_WRONLY | O_CLOEXEC);
-		ssize_t n = fd < 0 ? -1 : write(fd, v.data(), v.size());
-		int err = errno;
-		if (fd >= 0)
-			close(fd);
-		if (n != ssize_t(v.size()))
-			throw verbs::Error("write " + path_, err);
-	}
-	std::string path_;
-	unsigned long long old_ = 0;
-};
-
 // A memwatch with @l's watches (and one elsewhere, so the mm's notifier is
 // registered even with none here); none for no layout.
 std::shared_ptr<Memwatch> watches_of(const Layout *l)
@@ -1302,7 +1261,10 @@ void bench_others_pay(Report &rep, const Options &o)
 	size_t total = 0;
 	for (const Layout &l : layouts)
 		total += l.count + 1;
-	SysctlAtLeast limit("/proc/sys/user/max_memwatch_watches", total + 1024);
+	const std::string limit_path = "/proc/sys/user/max_memwatch_watches";
+	SysKnob limit(limit_path,
+		      std::to_string(std::max<unsigned long long>(
+			      std::stoull(SysKnob::read_knob(limit_path)), total + 1024)));
 
 	// Each layout in a worker of its own, "none" first. @exit_op: the
 	// watches are made by the process that exits, each round (1M are
@@ -1358,14 +1320,7 @@ void bench_others_pay(Report &rep, const Options &o)
 			layout = *l;
 		return [=] {
 			int go[2], ready[2];
-			if (pipe2(go, O_CLOEXEC))
-				throw verbs::Error("pipe", errno);
-			if (pipe2(ready, O_CLOEXEC)) {
-				int err = errno;
-				close(go[0]);
-				close(go[1]);
-				throw verbs::Error("pipe", err);
-			}
+			make_pipes(go, ready);
 			pid_t pid = fork();
 			if (pid == 0) {
 				char c = 0;

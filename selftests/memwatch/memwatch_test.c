@@ -536,6 +536,32 @@ TEST_F(mw, fork_child_polls_the_parents_readiness)
 }
 
 /*
+ * A fork child that creates a descriptor (@flags), watches @pages fresh
+ * pages with @mask and @cookie, sends the descriptor over @sock, and exits
+ * (its mm with it) when a byte comes back: status 0, 1 if the set-up
+ * failed, 2 if no byte came.
+ */
+static pid_t fork_a_watching_child(int sock, int pages, unsigned int flags,
+				   __u64 cookie, __u32 mask)
+{
+	pid_t pid = fork();
+
+	if (!pid) {
+		long page = sysconf(_SC_PAGESIZE);
+		char *buf = map_pages(page, pages);
+		int mfd = memwatch_create(flags);
+		char go;
+
+		if (!buf || mfd < 0 ||
+		    add_watch(mfd, buf, pages * page, cookie, mask, NULL) ||
+		    send_fd(sock, mfd))
+			_exit(1);
+		_exit(read(sock, &go, 1) == 1 ? 0 : 2);
+	}
+	return pid;
+}
+
+/*
  * Once the watched mm is gone and its records are read, poll() reports
  * POLLHUP and read() end of file; the exit wakes a poller even when no
  * record comes (a mask without RELEASE or UNMAP).
@@ -549,21 +575,9 @@ TEST(poll_hup_after_the_mm_is_gone)
 		pid_t pid;
 
 		ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
-		pid = fork();
+		pid = fork_a_watching_child(sv[1], 1, MEMWATCH_NONBLOCK, 7,
+					    release ? 0 : MEMWATCH_PROTECTION);
 		ASSERT_LE(0, pid);
-		if (!pid) {
-			long page = sysconf(_SC_PAGESIZE);
-			char *buf = map_pages(page, 1);
-			int mfd = memwatch_create(MEMWATCH_NONBLOCK);
-			char go;
-
-			if (!buf || mfd < 0 ||
-			    add_watch(mfd, buf, page, 7,
-				      release ? 0 : MEMWATCH_PROTECTION, NULL) ||
-			    send_fd(sv[1], mfd))
-				_exit(1);
-			_exit(read(sv[1], &go, 1) == 1 ? 0 : 2);
-		}
 		pfd.fd = recv_fd(sv[0]);
 		ASSERT_LE(0, pfd.fd);
 		EXPECT_EQ(0, poll(&pfd, 1, 0))	/* its creator lives */
@@ -1278,28 +1292,15 @@ TEST(passed_fd_and_release)
 	pid_t pid;
 
 	ASSERT_EQ(0, socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
-	pid = fork();
+	pid = fork_a_watching_child(sv[1], 2, 0, 42, 0);
 	ASSERT_LE(0, pid);
-	if (!pid) {
-		long page = sysconf(_SC_PAGESIZE);
-		char *buf = map_pages(page, 2);
-		int mfd = memwatch_create(0);
-		char go;
-
-		if (!buf || mfd < 0 || add_watch(mfd, buf, 2 * page, 42, 0, NULL) ||
-		    send_fd(sv[1], mfd))
-			_exit(1);
-		if (read(sv[1], &go, 1) != 1)	/* parent checked EPERM */
-			_exit(2);
-		_exit(0);
-	}
 	fd = recv_fd(sv[0]);
 	ASSERT_LE(0, fd);
 	EXPECT_EQ(-1, read(fd, ev, sizeof(ev)));
 	EXPECT_EQ(EPERM, errno);
 	EXPECT_EQ(-1, ioctl(fd, MEMWATCH_IOC_STATS, &st));
 	EXPECT_EQ(EPERM, errno);
-	ASSERT_EQ(1, write(sv[0], "g", 1));
+	ASSERT_EQ(1, write(sv[0], "g", 1));	/* EPERM checked: the child may exit */
 	ASSERT_EQ(pid, waitpid(pid, &status, 0));
 	ASSERT_EQ(0, WEXITSTATUS(status));
 
