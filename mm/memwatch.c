@@ -36,6 +36,7 @@
 #include <linux/file.h>
 #include <linux/fs.h>
 #include <linux/hashtable.h>
+#include <linux/hrtimer.h>
 #include <linux/interval_tree_generic.h>
 #include <linux/math64.h>
 #include <linux/mm.h>
@@ -107,6 +108,11 @@ struct memwatch_ctx {
 	u64 qtail;			/* next record to write */
 	wait_queue_head_t wqh;
 	struct memwatch_stats stats;	/* under qlock; watches, queue_* filled on read */
+	/* MEMWATCH_IOC_SET_WAKE: a wake-up put off to gather a burst. */
+	struct hrtimer wake_timer;
+	u64 wake_delay_ns;
+	unsigned long wake_armed;	/* bit 0: wake_timer is set to fire */
+	atomic64_t wakeups;
 };
 
 /*
@@ -364,6 +370,38 @@ static void memwatch_queue_event(struct memwatch_ctx *ctx,
 	ctx->stats.events_queued++;
 }
 
+/*
+ * The waiters of a descriptor with a wake delay: the first change that finds
+ * one arms the timer, later ones find it armed. The record is queued before
+ * the bit is tested (the barrier), and the timer clears the bit before it
+ * wakes: a change that finds the bit set has its record seen by the wake-up
+ * to come; one that finds it clear arms the next.
+ */
+static void memwatch_wake_later(struct memwatch_ctx *ctx)
+{
+	smp_mb__before_atomic();	/* record queued, then the bit: pairs with the timer's */
+	if (!test_and_set_bit(0, &ctx->wake_armed))
+		hrtimer_start(&ctx->wake_timer,
+			      ns_to_ktime(READ_ONCE(ctx->wake_delay_ns)),
+			      HRTIMER_MODE_REL_SOFT);
+}
+
+static enum hrtimer_restart memwatch_wake_timer(struct hrtimer *timer)
+{
+	struct memwatch_ctx *ctx = container_of(timer, struct memwatch_ctx,
+						wake_timer);
+
+	clear_bit(0, &ctx->wake_armed);
+	smp_mb__after_atomic();	/* bit cleared, then the wake: see memwatch_wake_later() */
+	atomic64_inc(&ctx->wakeups);
+	/*
+	 * No key: the records may have been read meanwhile, so a waiter that
+	 * takes the key as the result (aio, io_uring) polls again.
+	 */
+	wake_up_interruptible(&ctx->wqh);
+	return HRTIMER_NORESTART;
+}
+
 static bool memwatch_invalidate(struct mmu_interval_notifier *mni,
 				const struct mmu_notifier_range *range,
 				unsigned long cur_seq)
@@ -439,10 +477,14 @@ static bool memwatch_invalidate(struct mmu_interval_notifier *mni,
 		 * polling again (io_uring, aio): a record is EPOLLIN; the end
 		 * wakes with no key, so that each polls and finds EPOLLHUP.
 		 */
-		if (change)
-			wake_up_interruptible_poll(&ctx->wqh, EPOLLIN | EPOLLRDNORM);
-		else
+		if (last) {
 			wake_up_interruptible(&ctx->wqh);
+		} else if (READ_ONCE(ctx->wake_delay_ns)) {
+			memwatch_wake_later(ctx);
+		} else {
+			atomic64_inc(&ctx->wakeups);
+			wake_up_interruptible_poll(&ctx->wqh, EPOLLIN | EPOLLRDNORM);
+		}
 	}
 	return true;
 }
@@ -675,6 +717,7 @@ static void memwatch_stats_snapshot(struct memwatch_ctx *ctx,
 	st->queue_size = ctx->qsize;
 	st->queue_used = ctx->qtail - ctx->qhead;
 	spin_unlock(&ctx->qlock);
+	st->wakeups = atomic64_read(&ctx->wakeups);
 }
 
 static long memwatch_get_stats(struct memwatch_ctx *ctx, void __user *uarg)
@@ -714,6 +757,19 @@ static long memwatch_set_queue(struct memwatch_ctx *ctx, void __user *uarg)
 	return err;
 }
 
+static long memwatch_set_wake(struct memwatch_ctx *ctx, void __user *uarg)
+{
+	struct memwatch_wake arg;
+
+	if (copy_from_user(&arg, uarg, sizeof(arg)))
+		return -EFAULT;
+	if (arg.flags || arg.delay_us > MEMWATCH_WAKE_DELAY_MAX_US)
+		return -EINVAL;
+	/* A wake-up already armed still comes at its time. */
+	WRITE_ONCE(ctx->wake_delay_ns, (u64)arg.delay_us * NSEC_PER_USEC);
+	return 0;
+}
+
 static long memwatch_ioctl(struct file *file, unsigned int cmd,
 			   unsigned long arg)
 {
@@ -733,6 +789,8 @@ static long memwatch_ioctl(struct file *file, unsigned int cmd,
 		return memwatch_get_stats(ctx, uarg);
 	case MEMWATCH_IOC_SET_QUEUE:
 		return memwatch_set_queue(ctx, uarg);
+	case MEMWATCH_IOC_SET_WAKE:
+		return memwatch_set_wake(ctx, uarg);
 	case MEMWATCH_IOC_CLEAR_OVERFLOW:
 		spin_lock(&ctx->qlock);
 		/* Release, as every store of overflow: see memwatch_invalidate(). */
@@ -907,6 +965,8 @@ static int memwatch_release(struct inode *inode, struct file *file)
 		cond_resched();		/* there may be millions */
 	}
 	mutex_unlock(&ctx->lock);
+	/* No callback is left to arm it again. */
+	hrtimer_cancel(&ctx->wake_timer);
 	xa_destroy(&ctx->watches);
 	xa_for_each(&ctx->pages, id, page)
 		__free_page(page);
@@ -939,6 +999,9 @@ static void memwatch_show_fdinfo(struct seq_file *m, struct file *file)
 	seq_printf(m, "memwatch-events-dropped:\t%llu\n", st.events_dropped);
 	seq_printf(m, "memwatch-events-lost:\t%llu\n", st.events_lost);
 	seq_printf(m, "memwatch-queue:\t%u/%u\n", st.queue_used, st.queue_size);
+	seq_printf(m, "memwatch-wakeups:\t%llu\n", st.wakeups);
+	seq_printf(m, "memwatch-wake-delay-us:\t%llu\n",
+		   div_u64(READ_ONCE(ctx->wake_delay_ns), NSEC_PER_USEC));
 	seq_printf(m, "memwatch-overflow:\t%u\n", READ_ONCE(ctx->hdr->overflow));
 }
 #endif
@@ -983,6 +1046,8 @@ SYSCALL_DEFINE1(memwatch_create, unsigned int, flags)
 	mutex_init(&ctx->lock);
 	spin_lock_init(&ctx->qlock);
 	init_waitqueue_head(&ctx->wqh);
+	hrtimer_setup(&ctx->wake_timer, memwatch_wake_timer, CLOCK_MONOTONIC,
+		      HRTIMER_MODE_REL_SOFT);
 	xa_init_flags(&ctx->watches, XA_FLAGS_ALLOC | XA_FLAGS_ACCOUNT);
 	xa_init_flags(&ctx->pages, XA_FLAGS_ACCOUNT);
 	ctx->qsize = MEMWATCH_QUEUE_DEFAULT;

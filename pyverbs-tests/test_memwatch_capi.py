@@ -5,6 +5,8 @@ itself is tested by the kselftests; these check the library's wrapping."""
 import ctypes
 import errno
 import os
+import threading
+import time
 
 import pytest
 
@@ -92,3 +94,45 @@ def test_a_child_of_fork_gets_eperm():
         _, status = os.waitpid(pid, 0)
         assert os.WEXITSTATUS(status) == 0
     munmap(buf, PAGE)
+
+
+def wait_in_poll(tid, timeout=10):
+    """Until thread @tid of this process sleeps in poll()."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with open(f"/proc/self/task/{tid}/wchan") as f:
+            if "poll" in f.read():
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"thread {tid} never waited in poll()")
+
+
+def test_a_wake_delay_holds_the_waiter_back():
+    """With a wake delay of 300 ms, a reader waiting for events wakes no
+    sooner than that after the munmap; the range is invalid at once."""
+    buf = mmap_anon(PAGE)
+    with MemWatch() as mw:
+        assert err(lambda: mw.set_wake_delay(1000001)) == errno.EINVAL
+        mw.set_wake_delay(300000)
+        r = mw.add(buf, PAGE, cookie=5)
+        got = {}
+
+        def reader():
+            got["tid"] = threading.get_native_id()
+            got["events"] = mw.read_events()
+            got["woke"] = time.monotonic()
+
+        t = threading.Thread(target=reader)
+        t.start()
+        while "tid" not in got:
+            time.sleep(0.01)
+        wait_in_poll(got["tid"])
+        t0 = time.monotonic()
+        munmap(buf, PAGE)
+        assert not r.is_valid()
+        t.join(10)
+        assert not t.is_alive()
+        assert [e.cookie for e in got["events"]] == [5]
+        assert got["woke"] - t0 >= 0.29, got["woke"] - t0
+        mw.set_wake_delay(0)
+

@@ -640,7 +640,7 @@ void bench_unwatched_munmap(Report &rep, const Options &o)
 // memwatch rows break the cost down: the mm's notifier with this page not
 // watched, a watch whose callback runs but whose mask leaves the word alone,
 // the default watch (word, seq, record), and the same with a reader thread
-// waiting in poll().
+// waiting in poll(), woken at once or (MEMWATCH_IOC_SET_WAKE) 1 ms later.
 void bench_watched_munmap(Report &rep, const Options &o)
 {
 	const std::string g = "munmap of a watched page", w = "1 watch";
@@ -650,9 +650,12 @@ void bench_watched_munmap(Report &rep, const Options &o)
 	auto no_teardown = [](void *, int) {};
 	auto plain_munmap = [](void *p) { munmap(p, page); };
 	// A memwatch variant: @watch_it adds (or not) a watch of the page.
-	auto memwatch_variant = [&](uint32_t mask, bool watch_it, bool reader) {
+	auto memwatch_variant = [&](uint32_t mask, bool watch_it, bool reader,
+				    uint32_t wake_delay_us = 0) {
 		return [=]() -> MunmapRep {
 			auto mw = std::make_shared<Memwatch>(64);
+			if (wake_delay_us)
+				mw->set_wake_delay(wake_delay_us);
 			// Keeps the mm's notifier registered, away from the page.
 			auto elsewhere = std::make_shared<Region>(2);
 			mw->add(elsewhere->at(0), page, 0);
@@ -691,6 +694,9 @@ void bench_watched_munmap(Report &rep, const Options &o)
 		 memwatch_variant(0, true, false)},
 		{"memwatch, reader in poll()", "the same, and a thread waiting in poll() is woken",
 		 memwatch_variant(0, true, true)},
+		{"memwatch, reader in poll(), 1 ms wake delay",
+		 "the same, the reader woken once for the changes of 1 ms (MEMWATCH_IOC_SET_WAKE)",
+		 memwatch_variant(0, true, true, 1000)},
 	};
 	if (o.uffd)
 		variants.push_back(
@@ -725,14 +731,14 @@ void bench_watched_munmap(Report &rep, const Options &o)
 
 	std::vector<double> median =
 		run_munmap_variants(rep, g, w, variants, o.reps, iters * o.reps);
-	char remark[400];
+	char remark[480];
 	std::snprintf(remark, sizeof(remark),
 		      "munmap of a watched page, where memwatch's %.0f ns over none go (medians, "
 		      "each variant in its own process, interleaved): the mm's notifier "
 		      "%.0f ns, the watch's callback %.0f ns, word + seq + record %.0f ns; a "
-		      "reader in poll() adds %.0f ns",
+		      "reader in poll() adds %.0f ns, %.0f ns when it is woken 1 ms late",
 		      median[3] - median[0], median[1] - median[0], median[2] - median[1],
-		      median[3] - median[2], median[4] - median[3]);
+		      median[3] - median[2], median[4] - median[3], median[5] - median[3]);
 	rep.remark(remark);
 }
 

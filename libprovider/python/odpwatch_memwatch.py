@@ -54,6 +54,7 @@ def _abi():
         lib.odpwatch_memwatch_read_events.restype = ctypes.c_ssize_t
         lib.odpwatch_memwatch_query.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Stats)]
         lib.odpwatch_memwatch_clear_overflow.argtypes = [ctypes.c_void_p]
+        lib.odpwatch_memwatch_set_wake_delay.argtypes = [ctypes.c_void_p, ctypes.c_uint32]
         _lib = lib
     return _lib
 
@@ -163,3 +164,8 @@ class MemWatch:
         self._check_open()
         _check(_abi().odpwatch_memwatch_clear_overflow(self._mw),
                "odpwatch_memwatch_clear_overflow")
+
+    def set_wake_delay(self, delay_us):
+        self._check_open()
+        _check(_abi().odpwatch_memwatch_set_wake_delay(self._mw, delay_us),
+               "odpwatch_memwatch_set_wake_delay")

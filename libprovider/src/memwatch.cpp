@@ -85,6 +85,14 @@ void Memwatch::clear_overflow()
 		throw verbs::Error("MEMWATCH_IOC_CLEAR_OVERFLOW", errno);
 }
 
+void Memwatch::set_wake_delay(uint32_t delay_us)
+{
+	memwatch_wake w{};
+	w.delay_us = delay_us;
+	if (ioctl(fd_, MEMWATCH_IOC_SET_WAKE, &w))
+		throw verbs::Error("MEMWATCH_IOC_SET_WAKE", errno);
+}
+
 Memwatch::~Memwatch()
 {
 	munmap(area_, area_len_);

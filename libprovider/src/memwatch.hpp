@@ -59,6 +59,10 @@ public:
 		return __atomic_load_n(&hdr_->overflow, __ATOMIC_ACQUIRE) != 0;
 	}
 	void clear_overflow();
+	// Wake pollers up to @delay_us after a change instead of at once (0),
+	// so that a burst of unmaps costs one wake-up; the words and events
+	// still change before each unmap returns. ENOTTY from an older kernel.
+	void set_wake_delay(uint32_t delay_us);
 	int fd() const noexcept { return fd_; }
 	// The generation word of watch @id, in the shared state area.
 	const uint64_t *word(uint32_t id) const noexcept { return &words_[id]; }

@@ -162,4 +162,15 @@ int odpwatch_memwatch_clear_overflow(struct odpwatch_memwatch *mw)
 	});
 }
 
+int odpwatch_memwatch_set_wake_delay(struct odpwatch_memwatch *mw, uint32_t delay_us)
+{
+	if (!mw)
+		return -EINVAL;
+	const int rc = odpwatch::c_abi_guarded([&] {
+		mw->mw.set_wake_delay(delay_us);
+		return 0;
+	});
+	return rc == -ENOTTY ? -EOPNOTSUPP : rc; // a kernel before the ioctl
+}
+
 } // extern "C"

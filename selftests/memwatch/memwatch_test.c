@@ -502,6 +502,160 @@ TEST_F(mw, poll_and_epoll)
 	close(ep);
 }
 
+static int set_wake(int fd, __u32 delay_us, __u32 flags)
+{
+	struct memwatch_wake wk = { .delay_us = delay_us, .flags = flags };
+
+	return ioctl(fd, MEMWATCH_IOC_SET_WAKE, &wk);
+}
+
+static __u64 wakeups(int fd)
+{
+	struct memwatch_stats st;
+
+	return ioctl(fd, MEMWATCH_IOC_STATS, &st) ? ~0ULL : st.wakeups;
+}
+
+static long long now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
+}
+
+TEST_F(mw, set_wake_bad_input)
+{
+	EXPECT_EQ(-1, set_wake(self->fd, 0, 1));
+	EXPECT_EQ(EINVAL, errno);
+	EXPECT_EQ(-1, set_wake(self->fd, MEMWATCH_WAKE_DELAY_MAX_US + 1, 0));
+	EXPECT_EQ(EINVAL, errno);
+	EXPECT_EQ(-1, ioctl(self->fd, MEMWATCH_IOC_SET_WAKE, NULL));
+	EXPECT_EQ(EFAULT, errno);
+	EXPECT_EQ(0, set_wake(self->fd, MEMWATCH_WAKE_DELAY_MAX_US, 0));
+	EXPECT_EQ(0, set_wake(self->fd, 0, 0));
+}
+
+/*
+ * An epoll set is always on the wait queue: by default each change wakes
+ * it. With a wake delay, a burst of unmaps wakes it once, when the delay is
+ * over; poll() and read() see the records at once, and the words changed
+ * before each munmap() returned.
+ */
+#define BURST 32
+#define DELAY_MS 500
+
+TEST_F(mw, wake_delay_gathers_a_burst)
+{
+	struct memwatch_event ev[BURST];
+	struct pollfd pfd = { .fd = self->fd, .events = POLLIN };
+	struct epoll_event ee = { .events = EPOLLIN }, out;
+	struct memwatch_add w[BURST];
+	long long t0, burst_ms, woke_ms;
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	__u64 before;
+	char *buf;
+	int i;
+
+	ASSERT_LE(0, ep);
+	ASSERT_EQ(0, epoll_ctl(ep, EPOLL_CTL_ADD, self->fd, &ee));
+
+	/* The default: a wake-up per change. */
+	buf = map_pages(self->page, BURST);
+	ASSERT_NE(NULL, buf);
+	for (i = 0; i < BURST; i++)
+		ASSERT_EQ(0, add_watch(self->fd, buf + i * self->page, self->page,
+				       i, 0, &w[i]));
+	before = wakeups(self->fd);
+	for (i = 0; i < BURST; i++)
+		ASSERT_EQ(0, munmap(buf + i * self->page, self->page));
+	EXPECT_EQ(before + BURST, wakeups(self->fd));
+	ASSERT_EQ(BURST, read_events(self->fd, ev, BURST));
+	for (i = 0; i < BURST; i++)
+		ASSERT_EQ(0, remove_watch(self->fd, w[i].id));
+	EXPECT_EQ(0, epoll_wait(ep, &out, 1, 0));
+
+	ASSERT_EQ(0, set_wake(self->fd, DELAY_MS * 1000, 0));
+	buf = map_pages(self->page, BURST);
+	ASSERT_NE(NULL, buf);
+	for (i = 0; i < BURST; i++)
+		ASSERT_EQ(0, add_watch(self->fd, buf + i * self->page, self->page,
+				       i, 0, &w[i]));
+	before = wakeups(self->fd);
+	t0 = now_ms();
+	for (i = 0; i < BURST; i++) {
+		ASSERT_EQ(0, munmap(buf + i * self->page, self->page));
+		EXPECT_FALSE(still_valid(self->slots, &w[i]));
+	}
+	burst_ms = now_ms() - t0;
+	/* Only a burst shorter than the delay is one wake-up. */
+	ASSERT_GT(DELAY_MS * 4 / 5, burst_ms)
+		TH_LOG("%d munmaps took %lld ms", BURST, burst_ms);
+	EXPECT_EQ(before, wakeups(self->fd));
+	EXPECT_EQ(1, poll(&pfd, 1, 0));
+	ASSERT_EQ(1, epoll_wait(ep, &out, 1, 10 * DELAY_MS));
+	woke_ms = now_ms() - t0;
+	EXPECT_LE(DELAY_MS, woke_ms + 1)
+		TH_LOG("epoll woke %lld ms after the first munmap", woke_ms);
+	EXPECT_EQ(before + 1, wakeups(self->fd));
+	EXPECT_EQ(BURST, read_events(self->fd, ev, BURST));
+	close(ep);
+}
+
+/* A delayed wake-up has no key: aio polls again and finds the record. */
+TEST_F(mw, aio_poll_after_a_delayed_wake)
+{
+	struct iocb cb = {
+		.aio_fildes = self->fd,
+		.aio_lio_opcode = IOCB_CMD_POLL,
+		.aio_buf = POLLIN,
+	};
+	struct timespec ts = { .tv_sec = 10 };
+	char *buf = map_pages(self->page, 1);
+	struct iocb *cbs[1] = { &cb };
+	aio_context_t actx = 0;
+	struct io_event done;
+	struct memwatch_add w;
+
+	ASSERT_NE(NULL, buf);
+	ASSERT_EQ(0, set_wake(self->fd, 100000, 0));
+	ASSERT_EQ(0, syscall(__NR_io_setup, 1, &actx));
+	ASSERT_EQ(0, add_watch(self->fd, buf, self->page, 1, 0, &w));
+	ASSERT_EQ(1, syscall(__NR_io_submit, actx, 1, cbs));
+	ASSERT_EQ(0, munmap(buf, self->page));
+	ASSERT_EQ(1, syscall(__NR_io_getevents, actx, 1, 1, &done, &ts));
+	EXPECT_EQ(POLLIN, done.res & (POLLIN | POLLHUP | POLLERR))
+		TH_LOG("aio poll's result 0x%llx", (unsigned long long)done.res);
+	EXPECT_EQ(1, wakeups(self->fd));
+	syscall(__NR_io_destroy, actx);
+}
+
+/*
+ * close() while a wake-up is armed: the descriptor's memory must outlive
+ * the timer (KASAN on the debug kernel sees a timer that fires after it).
+ */
+TEST(close_with_a_wake_armed)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	struct epoll_event ee = { .events = EPOLLIN };
+	int fd = memwatch_create(MEMWATCH_CLOEXEC);
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	char *buf = map_pages(page, 1);
+	struct memwatch_add w;
+
+	ASSERT_LE(0, fd);
+	ASSERT_LE(0, ep);
+	ASSERT_NE(NULL, buf);
+	ASSERT_EQ(0, epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ee));
+	ASSERT_EQ(0, set_wake(fd, 200000, 0));
+	ASSERT_EQ(0, add_watch(fd, buf, page, 1, 0, &w));
+	ASSERT_EQ(0, munmap(buf, page));
+	EXPECT_EQ(0, wakeups(fd));
+	close(fd);
+	close(ep);
+	usleep(400000);
+}
+
 /*
  * Readiness is the file's, whoever polls: a fork child that shares the
  * descriptor (in an epoll set, say) sees what its parent sees, not an

@@ -103,7 +103,8 @@ struct memwatch_stats {
 	__u32 queue_size;	/* capacity of the event queue, in records */
 	__u32 queue_used;
 	__u64 events_lost;	/* taken by a read() that could not copy them out */
-	__u64 reserved[3];
+	__u64 wakeups;		/* wake-ups of waiters for records */
+	__u64 reserved[2];
 };
 
 /* MEMWATCH_IOC_SET_QUEUE: resize the event queue (empty queue only). */
@@ -114,6 +115,21 @@ struct memwatch_queue {
 
 #define MEMWATCH_QUEUE_DEFAULT	4096
 #define MEMWATCH_QUEUE_MAX	(1U << 16)
+
+/*
+ * MEMWATCH_IOC_SET_WAKE: how soon a record wakes a waiter. With delay_us 0
+ * (the default) every change that queues or merges a record wakes the
+ * waiters at once. Otherwise the first change that finds a waiter arms a
+ * wake-up delay_us later, and the changes until it fires wake nobody: a burst
+ * of unmaps costs one wake-up. Only the waking is late: the words, seq and
+ * the record change before the unmap returns, as always.
+ */
+struct memwatch_wake {
+	__u32 delay_us;		/* 0 .. MEMWATCH_WAKE_DELAY_MAX_US */
+	__u32 flags;		/* must be 0 */
+};
+
+#define MEMWATCH_WAKE_DELAY_MAX_US	1000000
 
 /*
  * The mmap()ed state area, read-only: this header, then at slots_offset one
@@ -142,5 +158,6 @@ struct memwatch_header {
 #define MEMWATCH_IOC_STATS	_IOR(MEMWATCH_IOC_MAGIC, 2, struct memwatch_stats)
 #define MEMWATCH_IOC_SET_QUEUE	_IOW(MEMWATCH_IOC_MAGIC, 3, struct memwatch_queue)
 #define MEMWATCH_IOC_CLEAR_OVERFLOW _IO(MEMWATCH_IOC_MAGIC, 4)
+#define MEMWATCH_IOC_SET_WAKE	_IOW(MEMWATCH_IOC_MAGIC, 5, struct memwatch_wake)
 
 #endif /* _UAPI_LINUX_MEMWATCH_H */

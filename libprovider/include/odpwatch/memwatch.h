@@ -122,6 +122,13 @@ ODPWATCH_API int odpwatch_memwatch_query(struct odpwatch_memwatch *mw,
 					 struct odpwatch_memwatch_stats *stats);
 /* After an overflow (events dropped) the caller checked every range. */
 ODPWATCH_API int odpwatch_memwatch_clear_overflow(struct odpwatch_memwatch *mw);
+/*
+ * Wake a thread waiting on the descriptor up to @delay_us after a change
+ * instead of at once (0, the default): a burst of unmaps costs one wake-up.
+ * Ranges turn invalid and events are queued at once all the same.
+ * -EINVAL beyond one second, -EOPNOTSUPP on a kernel without it.
+ */
+ODPWATCH_API int odpwatch_memwatch_set_wake_delay(struct odpwatch_memwatch *mw, uint32_t delay_us);
 
 #ifdef __cplusplus
 }
