@@ -4,6 +4,7 @@ per case of regcache-test (libprovider/tests/regcache_test.cpp), which moves
 real bytes through the cache's registrations with RDMA WRITE; then the same
 through the Python binding (libprovider/python/odpwatch_cache.py) beside
 pyverbs."""
+import contextlib
 import ctypes
 import errno
 import os
@@ -297,3 +298,42 @@ def test_version_is_the_builds():
     lib = ctypes.CDLL(LIBRARY)
     lib.odpwatch_version.restype = ctypes.c_char_p
     assert lib.odpwatch_version().decode() == want
+
+
+@contextlib.contextmanager
+def memwatch_max_overlap(value):
+    path = "/proc/sys/vm/memwatch_max_overlap"
+    with open(path) as f:
+        old = f.read().strip()
+    with open(path, "w") as f:
+        f.write(str(value))
+    try:
+        yield
+    finally:
+        with open(path, "w") as f:
+            f.write(old)
+
+
+def test_pinned_cache_past_the_overlap_bound_registers_once(ctx, pd):
+    """Three remote-access registrations of one page (keys of their own,
+    never merged) under vm.memwatch_max_overlap 2: the third cannot be
+    watched (EMLINK). The pinned cache must still register it, for one use:
+    it is never an entry, and the next get of it is a miss again. At
+    ade1d2a the get failed with EMLINK."""
+    accesses = [e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ,
+                e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE, REMOTE]
+    buf = mmap_anon(LEN)
+    try:
+        with memwatch_max_overlap(2), \
+                odpwatch_cache.RegCache(ctx, pd, policy="pinned") as cache:
+            regs = [cache.get(buf, 4096, a) for a in accesses]
+            for r in regs:
+                r.put()
+            s = cache.stats()
+            assert (s["misses"], s["in_use"], s["entries"]) == (3, 0, 2), s
+            cache.get(buf, 4096, accesses[2]).put()
+            cache.get(buf, 4096, accesses[0]).put()
+            s = cache.stats()
+            assert (s["misses"], s["hits"], s["entries"]) == (4, 1, 2), s
+    finally:
+        munmap(buf, LEN)

@@ -253,8 +253,16 @@ std::unique_ptr<RegCache::Entry> RegCache::make_entry(const Key &k, Policy polic
 			break;
 		default:
 			if (policy == Policy::Pinned) {
-				e->watch =
-					mw_->add(addr, len, reinterpret_cast<uintptr_t>(e.get()));
+				try {
+					e->watch = mw_->add(addr, len,
+							    reinterpret_cast<uintptr_t>(e.get()));
+				} catch (const verbs::Error &err) {
+					// Out of watches (ENOSPC), or the pages are
+					// under vm.memwatch_max_overlap watches
+					// (EMLINK): unwatched, used once.
+					if (err.err() != ENOSPC && err.err() != EMLINK)
+						throw;
+				}
 			} else if (exposed(k.access) && mw_) {
 				try {
 					e->watch = mw_->add(addr, len,
@@ -692,7 +700,8 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 					insert(std::move(fresh_entry));
 					misses_++;
 					evict(dead);
-					if (exposed(access) && !result->watch)
+					if ((exposed(access) || policy == Policy::Pinned) &&
+					    !result->watch)
 						invalidate(result, dead); // unwatched: used once
 					else
 						remember(result, pd, a, access);
