@@ -167,5 +167,7 @@ class MemWatch:
 
     def set_wake_delay(self, delay_us):
         self._check_open()
+        if not 0 <= delay_us < 2**32:
+            raise ValueError(f"delay_us {delay_us} out of range")
         _check(_abi().odpwatch_memwatch_set_wake_delay(self._mw, delay_us),
                "odpwatch_memwatch_set_wake_delay")

@@ -121,8 +121,10 @@ struct memwatch_queue {
  * (the default) every change that queues or merges a record wakes the
  * waiters at once. Otherwise the first change that finds a waiter arms a
  * wake-up delay_us later, and the changes until it fires wake nobody: a burst
- * of unmaps costs one wake-up. Only the waking is late: the words, seq and
- * the record change before the unmap returns, as always.
+ * of unmaps costs one wake-up. A queue half full wakes at once. The words,
+ * seq and the record change before the unmap returns, as always, and poll()
+ * and read() see the record; epoll and io_uring report it only when the
+ * wake-up comes. A wake-up armed before a shorter delay is set keeps its time.
  */
 struct memwatch_wake {
 	__u32 delay_us;		/* 0 .. MEMWATCH_WAKE_DELAY_MAX_US */
