@@ -1241,8 +1241,8 @@ void bench_others_pay(Report &rep, const Options &o)
 		{"16 watches over it all", "each over the whole region", 16, len, 0},
 		{"32 watches over it all", "each over the whole region: the default overlap bound",
 		 32, len, 0},
-		{"256 watches over it all", "each over the whole region: the bound before it was 32",
-		 256, len, 0},
+		{"256 watches over it all",
+		 "each over the whole region: the bound before it was 32", 256, len, 0},
 	};
 	if (!o.quick)
 		layouts.push_back({"1M page watches", "over 16 times the region", size_t{1} << 20,
