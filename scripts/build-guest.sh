@@ -19,6 +19,16 @@ run_with_progress "guest: kselftests" "$OUT/guest/selftests-build.log" last_line
 	INSTALL_PATH=/out/guest/selftests install ||
 	{ tail -30 "$OUT/guest/selftests-build.log" >&2; die "kselftest build failed; log: $OUT/guest/selftests-build.log"; }
 
+# The base kernel's own mm kselftests (upstream's, untouched by our series),
+# installed apart: configs/upstream-kselftests.list says which run.
+log "guest: upstream mm kselftests"
+rm -rf "$OUT/guest/upstream-kselftests"
+run_with_progress "guest: upstream mm kselftests" "$OUT/guest/upstream-kselftests-build.log" last_line \
+	run make -s -j"$(nproc)" -C /kernel/src/tools/testing/selftests TARGETS=mm \
+	O=/out/guest/upstream-kselftests-build KHDR_INCLUDES="-isystem /kernel/build/usr/include" \
+	INSTALL_PATH=/out/guest/upstream-kselftests install ||
+	{ tail -30 "$OUT/guest/upstream-kselftests-build.log" >&2; die "upstream mm kselftests do not build; log: $OUT/guest/upstream-kselftests-build.log"; }
+
 log "guest: libprovider (C++20)"
 run_with_progress "guest: libprovider" "$OUT/guest/libprovider-build.log" cmake_percent \
 	run sh -c 'cmake -S /odpwatch -B /out/guest/libprovider-build -DCMAKE_INSTALL_PREFIX=/out/guest \

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Turn the raw outputs of a guest check run into out/check/results.json.
 
-Reads DIR/selftests.ktap (kselftest runner, nested KTAP), DIR/pyverbs-tests.xml
+Reads DIR/selftests.ktap (kselftest runner, nested KTAP), DIR/upstream-kselftests.ktap
+(the base kernel's mm kselftests, the same format), DIR/pyverbs-tests.xml
 (pytest JUnit XML), DIR/rdma-core.<module>.log (unittest -v output, our
 rdma-core), DIR/rdma-core-stock.<module>.log (the same with Debian's, for the
 regression comparison) and DIR/console.log (splats). Prints one line per suite and ends with
@@ -53,15 +54,21 @@ def parse_ktap(path):
             continue
         m = re.match(r"^# selftests: (\S+): (\S+)", line)
         if m:
-            binary, inner = f"{m[1]}/{m[2]}", 0
+            binary, inner, names = f"{m[1]}/{m[2]}", 0, set()
             continue
-        m = re.match(r"^# (not ok|ok) \d+ (.+?)(?: # (SKIP|XFAIL)\b ?(.*))?$", line)
+        m = re.match(r"^# (not ok|ok) (\d+)(?: (?!# )(.+?))?(?: ?# (SKIP|XFAIL)\b ?(.*))?$", line)
         if m and binary:
             inner += 1
-            outcome = ("skipped" if m[3] == "SKIP" else "passed" if m[1] == "ok" or m[3] == "XFAIL"
+            outcome = ("skipped" if m[4] == "SKIP" else "passed" if m[1] == "ok" or m[4] == "XFAIL"
                        else "failed")
-            tests.append({"name": f"{binary}:{m[2]}", "outcome": outcome,
-                          **({"reason": m[4]} if m[4] else {})})
+            # kselftest.h tests may print no description, or one twice:
+            # the case number keeps them apart.
+            name = m[3] or ""
+            if not name or name in names:
+                name = f"{name} [{m[2]}]".lstrip()
+            names.add(name)
+            tests.append({"name": f"{binary}:{name}", "outcome": outcome,
+                          **({"reason": m[5]} if m[5] else {})})
             continue
         # The runner's own verdict on a binary: counts only if it printed no results
         # (crashed, timed out) or failed overall.
@@ -247,7 +254,7 @@ def compare_with_stock(ours, stock):
     return tests
 
 
-SUITES = ("selftests", "pyverbs-tests", "rdma-core", "rdma-core-vs-stock", "cluster", "middleware",
+SUITES = ("selftests", "upstream-kselftests", "pyverbs-tests", "rdma-core", "rdma-core-vs-stock", "cluster", "middleware",
           "examples", "rdma-fixes")
 
 
@@ -311,7 +318,8 @@ def parse_fixes(d):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("dir")
-    ap.add_argument("--expected-skips", help="the variant's list of expected skips")
+    ap.add_argument("--expected-skips", action="append",
+                    help="a list of expected skips of the variant (more than one: their union)")
     ap.add_argument("--suites", default=",".join(SUITES),
                     help="the suites this kernel variant runs, comma-separated; each must leave results")
     args = ap.parse_args()
@@ -332,6 +340,7 @@ def main():
     results["kernel"] = m[1] if m else None
 
     suites = {"selftests": parse_ktap(d / "selftests.ktap"),
+              "upstream-kselftests": parse_ktap(d / "upstream-kselftests.ktap"),
               "pyverbs-tests": parse_junit(d / "pyverbs-tests.xml", d / "pyverbs-tests.status"),
               "rdma-core": parse_modules(d, "rdma-core"),
               "cluster": parse_cluster(d / "cluster"),
@@ -348,7 +357,10 @@ def main():
             print(f"{name}: not run on this kernel variant")
     ok = True
     if args.expected_skips:
-        unexpected, stale, unknown = gate_skips(suites, read_expected_skips(args.expected_skips))
+        expected = {}
+        for path in args.expected_skips:
+            expected.update(read_expected_skips(path))
+        unexpected, stale, unknown = gate_skips(suites, expected)
     for name, tests in suites.items():
         if not tests:
             tests = [{"name": f"{name}: suite", "outcome": "failed",
@@ -386,7 +398,7 @@ def main():
         print("console: no splats")
 
     if args.expected_skips:
-        listed = Path(args.expected_skips).name
+        listed = " + ".join(Path(p).name for p in args.expected_skips)
         results["unexpected_skips"] = unexpected
         results["expected_skips_no_longer_skipped"] = stale
         print(f"skips: {unexpected} not on {listed} (failed above)" if unexpected

@@ -3,7 +3,8 @@
 # them into results.json); progress lines go to the console.
 #   run-suites.sh DIR
 # DIR/plan, written by the host (run.sh), says what this kernel variant runs:
-# SUITES (of selftests pyverbs-tests rdma-core rdma-core-vs-stock) and
+# SUITES (of selftests upstream-kselftests pyverbs-tests rdma-core
+# rdma-core-vs-stock) and
 # PYVERBS_TESTS (files of pyverbs-tests/, empty for all) and PYVERBS_DESELECT
 # (test ids of those files this variant leaves out).
 dir=$1
@@ -45,6 +46,16 @@ elif [ -x /out/guest/selftests/run_kselftest.sh ]; then
 	say "suite selftests: $(grep -cE '^# ok [0-9]+ ' "$dir/selftests.ktap") ok, $(grep -cE '^# not ok [0-9]+ ' "$dir/selftests.ktap") not ok"
 else
 	say "suite selftests: not built (no /out/guest/selftests/run_kselftest.sh)"
+fi
+
+if runs upstream-kselftests; then
+	if [ -d /out/guest/upstream-kselftests/mm ]; then
+		say "suite upstream-kselftests: running the base kernel's mm kselftests"
+		/odpwatch/scripts/guest/run-upstream-kselftests.sh /odpwatch/configs/upstream-kselftests.list \
+			"$dir/upstream-kselftests.ktap"
+	else
+		say "suite upstream-kselftests: not built (no /out/guest/upstream-kselftests/mm)"
+	fi
 fi
 
 if runs pyverbs-tests; then

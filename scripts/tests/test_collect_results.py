@@ -80,6 +80,17 @@ class Parsers(unittest.TestCase):
             "memwatch/no_device": "skipped",
         })
 
+    def test_ktap_cases_without_or_with_a_repeated_description(self):
+        # kselftest.h output (upstream's mm tests): "ok 2 # SKIP why" has no
+        # description, and a description may come twice; the case number
+        # names them apart.
+        ktap = ("1..1\n# selftests: mm: split\n# ok 1 split a\n# ok 2 # SKIP no pagecache\n"
+                "# ok 3 same\n# not ok 4 same\n# ok 5 x # XFAIL known\nok 1 selftests: mm: split\n")
+        got = outcomes(cr.parse_ktap(self.write("s.ktap", ktap)))
+        self.assertEqual(got, {"mm/split:split a": "passed", "mm/split:[2]": "skipped",
+                               "mm/split:same": "passed", "mm/split:same [4]": "failed",
+                               "mm/split:x": "passed"})
+
     def test_ktap_runner_killed_before_plan_met(self):
         cut = KTAP[:KTAP.index("# selftests: memwatch")]
         got = outcomes(cr.parse_ktap(self.write("s.ktap", cut)))
@@ -201,6 +212,8 @@ class Parsers(unittest.TestCase):
             self.write(f"rdma-fixes/{kind}/fix.tap", f"TAP version 13\n1..1\n{res} 1 odp.fix_a\n")
             self.write(f"rdma-fixes/{kind}/plan", "fix_a\n")
         self.write("selftests.ktap", "1..1\n# selftests: a: b\n# ok 1 t\nok 1 selftests: a: b\n")
+        self.write("upstream-kselftests.ktap",
+                   "1..1\n# selftests: mm: cow\n# ok 1 COW\nok 1 selftests: mm: cow\n")
         self.write("pyverbs-tests.xml", JUNIT.replace("<failure", "<skipped").replace("</failure>", "</skipped>"))
         self.write("pyverbs-tests.status", "0\n")
         self.write("rdma-core.test_mr.log", "test_a (tests.test_mr.M.test_a) ... ok\nRan 1 test in 0s\nOK\n")
@@ -236,7 +249,7 @@ class Parsers(unittest.TestCase):
             rc, out, res = self.run_main("odpwatch: kernel k\n", skips=listed)
             self.assertEqual(rc, 1, out)
             self.assertEqual(res["unexpected_skips"], 1)
-            self.assertEqual((res["passed"], res["failed"], res["skipped"]), (8, 1, 1))
+            self.assertEqual((res["passed"], res["failed"], res["skipped"]), (9, 1, 1))
             self.assertIn("not on the expected-skips list", out)
 
     def test_main_clean_console_passes(self):
@@ -248,8 +261,8 @@ class Parsers(unittest.TestCase):
         self.assertEqual(res["kernel"], "7.3.4-odpwatch")
         # Eight distinct tests pass: the comparison with Debian's rdma-core
         # checks test_a of the rdma-core suite and is not counted again.
-        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (8, 0, 2))
-        self.assertEqual(out.splitlines()[-1], "8 passed, 0 failed, 2 skipped")
+        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (9, 0, 2))
+        self.assertEqual(out.splitlines()[-1], "9 passed, 0 failed, 2 skipped")
 
     def test_stock_comparison(self):
         # A test Debian's rdma-core passed must pass with ours; one it skipped
@@ -263,7 +276,7 @@ class Parsers(unittest.TestCase):
         self.assertEqual((vs["passed"], vs["failed"], vs["skipped"]), (1, 1, 0))
         # In the totals test_b is one failed test (not run with ours), test_a
         # one passed test, counted once though two suites name it.
-        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (8, 1, 2))
+        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (9, 1, 2))
         self.assertIn("passed with Debian's rdma-core, not run with ours", out)
         # No stock run at all is a failure, not a pass...
         rc, out, res = self.run_main("odpwatch: kernel k\n", "")
