@@ -337,3 +337,27 @@ def test_pinned_cache_past_the_overlap_bound_registers_once(ctx, pd):
             assert (s["misses"], s["hits"], s["entries"]) == (4, 1, 2), s
     finally:
         munmap(buf, LEN)
+
+
+def test_unwatchable_union_keeps_the_entries_it_spans(ctx, pd):
+    """Local access is merged: a get over two cached pages registers their
+    union, whose watch overlaps both of theirs. Under a bound of 2 that
+    watch is refused (EMLINK), and so is one of the range asked for: the
+    get is served once, unwatched, and the two cached entries stay (a hit
+    after). At c58f7f1 the unwatched union replaced them: a miss."""
+    lw = e.IBV_ACCESS_LOCAL_WRITE
+    buf = mmap_anon(LEN)
+    try:
+        with memwatch_max_overlap(2), \
+                odpwatch_cache.RegCache(ctx, pd, policy="pinned") as cache:
+            cache.get(buf, 4096, lw).put()
+            cache.get(buf + 4096, 4096, lw).put()
+            cache.get(buf, 8192, lw).put()
+            s = cache.stats()
+            assert (s["misses"], s["entries"]) == (3, 2), s
+            cache.get(buf, 4096, lw).put()
+            cache.get(buf + 4096, 4096, lw).put()
+            s = cache.stats()
+            assert (s["misses"], s["hits"], s["entries"]) == (3, 2, 2), s
+    finally:
+        munmap(buf, LEN)

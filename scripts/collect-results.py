@@ -43,7 +43,12 @@ def failed(name, reason):
 def parse_ktap(path):
     """Nested KTAP from run_kselftest.sh: '# ok N name' lines belong to the
     binary announced by '# selftests: target: binary'. The runner's plan
-    ('1..N') must be met: a binary that never reported is a failure."""
+    ('1..N') must be met: a binary that never reported is a failure. So must
+    each binary's own plan ('# 1..N'): a binary that planned more cases than
+    it reported fails, as does one that says so itself ('Planned tests !=
+    run tests', a Totals line with errors), one that bails out, or one that
+    printed a red failure mark in its output (khugepaged reports a failed
+    case as ok when a later check of the same case passes)."""
     tests, binary, plan, reported = [], None, None, 0
     if not path.exists():
         return None
@@ -54,13 +59,18 @@ def parse_ktap(path):
             continue
         m = re.match(r"^# selftests: (\S+): (\S+)", line)
         if m:
-            binary, inner, names = f"{m[1]}/{m[2]}", 0, set()
+            binary, inner, names, own_plan, trouble = f"{m[1]}/{m[2]}", 0, set(), None, []
             continue
-        m = re.match(r"^# (not ok|ok) (\d+)(?: (?!# )(.+?))?(?: ?# (SKIP|XFAIL)\b ?(.*))?$", line)
+        m = re.match(r"^# 1\.\.(\d+)", line)
+        if m and binary and own_plan is None:
+            own_plan = int(m[1])
+            continue
+        m = re.match(r"^# (not ok|ok) (\d+)(?: (?!# (?:SKIP|XFAIL|XPASS|error)\b)(.+?))?"
+                     r"(?: ?# (SKIP|XFAIL|XPASS|error)\b ?(.*))?$", line)
         if m and binary:
             inner += 1
-            outcome = ("skipped" if m[4] == "SKIP" else "passed" if m[1] == "ok" or m[4] == "XFAIL"
-                       else "failed")
+            outcome = ("skipped" if m[4] == "SKIP" else "failed" if m[4] == "error"
+                       else "passed" if m[1] == "ok" or m[4] == "XFAIL" else "failed")
             # kselftest.h tests may print no description, or one twice:
             # the case number keeps them apart.
             name = m[3] or ""
@@ -69,6 +79,11 @@ def parse_ktap(path):
             names.add(name)
             tests.append({"name": f"{binary}:{name}", "outcome": outcome,
                           **({"reason": m[5]} if m[5] else {})})
+            continue
+        if binary and line.startswith("# ") and (
+                "Bail out!" in line or "\x1b[31m" in line or "Planned tests != run tests" in line
+                or re.search(r"Totals: .* error:[1-9]", line)):
+            trouble.append(line[2:].replace("\x1b[31m", "").replace("\x1b[0m", "").strip())
             continue
         # The runner's own verdict on a binary: counts only if it printed no results
         # (crashed, timed out) or failed overall.
@@ -83,6 +98,10 @@ def parse_ktap(path):
                 # A binary that skipped as a whole (e.g. no device): one skip.
                 tests.append({"name": name, "outcome": "skipped",
                               "reason": (m[5] or "").strip() or "binary skipped"})
+            if binary == name and own_plan is not None and inner < own_plan:
+                tests.append(failed(f"{name}: plan", f"planned {own_plan} cases, reported {inner}"))
+            if binary == name and trouble:
+                tests.append(failed(f"{name}: output", "; ".join(trouble)[:300]))
             binary = None
     if plan is None:
         tests.append(failed(f"{path.name}: plan", "no '1..N' plan: the runner did not start"))

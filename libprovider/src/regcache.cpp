@@ -238,7 +238,11 @@ Policy RegCache::policy_of(ibv_pd *pd)
 // Registers outside the lock. A watched range (pinned, or exposed with
 // memwatch at hand) is watched first, so a change racing with the
 // registration shows as a stale watch.
-std::unique_ptr<RegCache::Entry> RegCache::make_entry(const Key &k, Policy policy)
+// @may_go_unwatched: a pinned registration of the range asked for may be
+// made without a watch (to be used once); a union may not (get() then tries
+// the range alone).
+std::unique_ptr<RegCache::Entry> RegCache::make_entry(const Key &k, Policy policy,
+						      bool may_go_unwatched)
 {
 	std::unique_ptr<Entry> e(take_shell());
 	e->key = k;
@@ -260,7 +264,8 @@ std::unique_ptr<RegCache::Entry> RegCache::make_entry(const Key &k, Policy polic
 					// Out of watches (ENOSPC), or the pages are
 					// under vm.memwatch_max_overlap watches
 					// (EMLINK): unwatched, used once.
-					if (err.err() != ENOSPC && err.err() != EMLINK)
+					if (!may_go_unwatched ||
+					    (err.err() != ENOSPC && err.err() != EMLINK))
 						throw;
 				}
 			} else if (exposed(k.access) && mw_) {
@@ -295,10 +300,10 @@ std::unique_ptr<RegCache::Entry> RegCache::make_entry(const Key &k, Policy polic
 // ENOMEM; EAGAIN), once more after every unused registration is dropped and
 // deregistered, as libfabric's cache does. Outside the lock.
 std::unique_ptr<RegCache::Entry> RegCache::register_range(const Key &k, Policy policy,
-							  Graveyard &dead)
+							  bool may_go_unwatched, Graveyard &dead)
 {
 	try {
-		return make_entry(k, policy);
+		return make_entry(k, policy, may_go_unwatched);
 	} catch (const verbs::Error &e) {
 		if (e.err() != ENOMEM && e.err() != EAGAIN)
 			throw;
@@ -316,7 +321,7 @@ std::unique_ptr<RegCache::Entry> RegCache::register_range(const Key &k, Policy p
 	dead.reap_now();
 	flush();
 	retries_++;
-	return make_entry(k, policy);
+	return make_entry(k, policy, may_go_unwatched);
 }
 
 // A fresh entry into the cache, in use once (exclusive lock held).
@@ -692,19 +697,25 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 				// for RLIMIT_MEMLOCK, as register_range() does).
 				if (fresh_entry && fresh_entry->key.start <= u.start &&
 				    fresh_entry->key.end >= u.end && fresh(fresh_entry.get())) {
-					for (Entry *o : overlapping(fresh_entry->key, dead)) {
-						invalidate(o, dead); // the new entry covers it
-						merged_++;
-					}
 					Entry *result = fresh_entry.get();
+					// Unwatched, it is used once: it replaces
+					// no cached entry and takes no room.
+					const bool once =
+						(exposed(access) || policy == Policy::Pinned) &&
+						!result->watch;
+					if (!once)
+						for (Entry *o : overlapping(result->key, dead)) {
+							invalidate(o, dead); // the new entry covers it
+							merged_++;
+						}
 					insert(std::move(fresh_entry));
 					misses_++;
-					evict(dead);
-					if ((exposed(access) || policy == Policy::Pinned) &&
-					    !result->watch)
-						invalidate(result, dead); // unwatched: used once
-					else
+					if (once) {
+						invalidate(result, dead);
+					} else {
+						evict(dead);
 						remember(result, pd, a, access);
+					}
 					return result;
 				}
 				if (!mw_ && policy == Policy::Pinned)
@@ -729,7 +740,7 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 			if (fresh_entry)
 				dead.add(std::move(fresh_entry));
 			try {
-				fresh_entry = register_range(want, policy, dead);
+				fresh_entry = register_range(want, policy, want == k, dead);
 			} catch (const verbs::Error &) {
 				if (want == k)
 					throw;

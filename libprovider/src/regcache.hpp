@@ -98,8 +98,9 @@ private:
 	std::vector<Entry *> overlapping(const Key &k, Graveyard &dead);
 	bool fresh(const Entry *e) const noexcept;
 	Policy resolve(ibv_pd *pd);
-	std::unique_ptr<Entry> make_entry(const Key &k, Policy policy);
-	std::unique_ptr<Entry> register_range(const Key &k, Policy policy, Graveyard &dead);
+	std::unique_ptr<Entry> make_entry(const Key &k, Policy policy, bool may_go_unwatched);
+	std::unique_ptr<Entry> register_range(const Key &k, Policy policy, bool may_go_unwatched,
+					      Graveyard &dead);
 	void insert(std::unique_ptr<Entry> e);
 	void invalidate(Entry *e, Graveyard &dead);
 	bool drop_if_stale(Entry *e, Graveyard &dead);

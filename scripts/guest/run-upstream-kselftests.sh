@@ -7,24 +7,45 @@
 #   run-upstream-kselftests.sh LIST OUTPUT
 list=$1 out=$2
 say() { echo "odpwatch: $*"; }
-TIMEOUT=${UPSTREAM_KSELFTEST_TIMEOUT:-300}
+# Each took under 60 s in a std guest; a hung one must leave the later
+# suites their time.
+TIMEOUT=${UPSTREAM_KSELFTEST_TIMEOUT:-180}
 # Several tests create files in their directory: a tmpfs copy (9p allows no
 # shared writable mappings).
 rm -rf /tmp/upstream-kselftests
 cp -a /out/guest/upstream-kselftests /tmp/upstream-kselftests || exit 1
 cd /tmp/upstream-kselftests/mm || exit 1
-# khugepaged's swap cases need swap: zram, off and reset again after.
+# khugepaged's and cow's swap cases need swap: zram, off and reset after.
 swap=no
-if echo 256M >/sys/block/zram0/disksize && mkswap /dev/zram0 >/dev/null && swapon /dev/zram0; then
-	swap=yes
-else
-	say "upstream kselftests: no zram swap; khugepaged's swap cases will fail"
+if echo 256M >/sys/block/zram0/disksize; then
+	if mkswap /dev/zram0 >/dev/null && swapon /dev/zram0; then
+		swap=yes
+	else
+		echo 1 >/sys/block/zram0/reset
+	fi
 fi
-# The tests save and restore THP and hugetlb knobs themselves, unless killed.
-thp=/sys/kernel/mm/transparent_hugepage
-saved_enabled=$(sed 's/.*\[\(.*\)\].*/\1/' $thp/enabled)
-saved_defrag=$(sed 's/.*\[\(.*\)\].*/\1/' $thp/defrag)
-saved_huge=$(cat /proc/sys/vm/nr_hugepages)
+[ $swap = yes ] || say "upstream kselftests: no zram swap; the swap cases will fail"
+# The THP, KSM and hugetlb knobs, put back after each binary: the tests
+# restore theirs only when they end normally (and ksm_functional_tests
+# leaves use_zero_pages set). A bracketed choice is saved as the choice.
+knobs=$(find /sys/kernel/mm/transparent_hugepage /sys/kernel/mm/ksm /sys/kernel/mm/hugepages \
+	-type f -perm -u+w 2>/dev/null | sort)
+snapshot() {
+	# shellcheck disable=SC2086 # sysfs paths, no blanks
+	for f in $knobs; do
+		v=$(cat "$f" 2>/dev/null) || continue
+		case $v in *\[*\]*) v=$(echo "$v" | sed 's/.*\[\(.*\)\].*/\1/') ;; esac
+		printf '%s %s\n' "$f" "$v"
+	done
+}
+restore() {
+	snapshot >/tmp/upstream-kselftests.now
+	cmp -s "$1" /tmp/upstream-kselftests.now && return
+	while read -r f v; do
+		echo "$v" >"$f" 2>/dev/null || true
+	done <"$1"
+}
+snapshot >/tmp/upstream-kselftests.knobs
 
 entries=$(grep -cv '^\(#\|$\)' "$list")
 echo "TAP version 13" >"$out"
@@ -35,10 +56,14 @@ while IFS= read -r line; do
 	i=$((i + 1))
 	label=${line%%:*} cmd=${line#*: }
 	echo "# selftests: mm: $label" >>"$out"
+	t0=$(date +%s)
 	# shellcheck disable=SC2086 # the command's words
 	timeout -k 10 "$TIMEOUT" $cmd </dev/null >/tmp/upstream-kselftest.out 2>&1
 	rc=$?
-	sed 's/^/# /' /tmp/upstream-kselftest.out >>"$out"
+	# (awk: a last line without a newline must not swallow the verdict)
+	awk '{ print "# " $0 }' /tmp/upstream-kselftest.out >>"$out"
+	echo "# $label took $(($(date +%s) - t0)) s" >>"$out"
+	restore /tmp/upstream-kselftests.knobs
 	case $rc in
 	0) echo "ok $i selftests: mm: $label" >>"$out" ;;
 	4) echo "ok $i selftests: mm: $label # SKIP" >>"$out" ;;
@@ -47,11 +72,9 @@ while IFS= read -r line; do
 	esac
 done </tmp/upstream-kselftests.list
 
-echo "$saved_enabled" >$thp/enabled
-echo "$saved_defrag" >$thp/defrag
-echo "$saved_huge" >/proc/sys/vm/nr_hugepages
 if [ $swap = yes ]; then
-	swapoff /dev/zram0
-	echo 1 >/sys/block/zram0/reset
+	if ! swapoff /dev/zram0 || ! echo 1 >/sys/block/zram0/reset; then
+		say "upstream kselftests: zram0 not released"
+	fi
 fi
 say "suite upstream-kselftests: $(grep -cE '^# ok [0-9]+ ' "$out") ok, $(grep -cE '^# not ok [0-9]+ ' "$out") not ok, $i of $entries binaries run"

@@ -91,6 +91,24 @@ class Parsers(unittest.TestCase):
                                "mm/split:same": "passed", "mm/split:same [4]": "failed",
                                "mm/split:x": "passed"})
 
+    def test_ktap_a_binary_that_exits_0_over_a_failure(self):
+        # A case reported ok after a red "Fail" in its output (khugepaged),
+        # a plan not met, a kselftest.h "error" result, a bail-out: each
+        # fails, though every binary exited 0.
+        ktap = ("1..3\n# selftests: mm: khugepaged\n# 1..1\n"
+                "# Collapse in child \x1b[31mFail\x1b[0m\n# ok 1 collapse_fork\n"
+                "ok 1 selftests: mm: khugepaged\n"
+                "# selftests: mm: mkdirty\n# 1..3\n# ok 1 a\n# not ok 2 # error no memory\n"
+                "ok 2 selftests: mm: mkdirty\n"
+                "# selftests: mm: cow\n# 1..1\n# Bail out! Page 3 is corrupted\n# ok 1 c\n"
+                "ok 3 selftests: mm: cow\n")
+        got = outcomes(cr.parse_ktap(self.write("s.ktap", ktap)))
+        self.assertEqual(got, {"mm/khugepaged:collapse_fork": "passed",
+                               "mm/khugepaged: output": "failed",
+                               "mm/mkdirty:a": "passed", "mm/mkdirty:[2]": "failed",
+                               "mm/mkdirty: plan": "failed",
+                               "mm/cow:c": "passed", "mm/cow: output": "failed"})
+
     def test_ktap_runner_killed_before_plan_met(self):
         cut = KTAP[:KTAP.index("# selftests: memwatch")]
         got = outcomes(cr.parse_ktap(self.write("s.ktap", cut)))
