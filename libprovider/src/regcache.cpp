@@ -705,7 +705,8 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 						!result->watch;
 					if (!once)
 						for (Entry *o : overlapping(result->key, dead)) {
-							invalidate(o, dead); // the new entry covers it
+							invalidate(o,
+								   dead); // the new entry covers it
 							merged_++;
 						}
 					insert(std::move(fresh_entry));
