@@ -703,10 +703,9 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 					const bool once =
 						(exposed(access) || policy == Policy::Pinned) &&
 						!result->watch;
-					if (!once)
+					if (!once) // the new entry covers these
 						for (Entry *o : overlapping(result->key, dead)) {
-							invalidate(o,
-								   dead); // the new entry covers it
+							invalidate(o, dead);
 							merged_++;
 						}
 					insert(std::move(fresh_entry));
