@@ -28,6 +28,9 @@ run_with_progress "guest: upstream mm kselftests" "$OUT/guest/upstream-kselftest
 	O=/out/guest/upstream-kselftests-build KHDR_INCLUDES="-isystem /kernel/build/usr/include" \
 	INSTALL_PATH=/out/guest/upstream-kselftests install ||
 	{ tail -30 "$OUT/guest/upstream-kselftests-build.log" >&2; die "upstream mm kselftests do not build; log: $OUT/guest/upstream-kselftests-build.log"; }
+# mm's check_config.sh writes its results into the source tree, whatever O=
+# says: the tree must stay the one the series yield (the series check).
+rm -f "$ksrc/tools/testing/selftests/mm/local_config.h_gen" "$ksrc/tools/testing/selftests/mm/local_config.mk"
 
 log "guest: libprovider (C++20)"
 run_with_progress "guest: libprovider" "$OUT/guest/libprovider-build.log" cmake_percent \

@@ -1080,8 +1080,8 @@ void bench_ksm(Report &rep, const Options &o)
 	};
 	const Variant variants[] = {
 		{"pinned, every page different", "no twins: KSM has nothing to try", true, false},
-		{"pinned, every page equal", "each pass tries, fails on the pin, invalidates", true,
-		 true},
+		{"pinned, every page equal", "each pass finds the pin and leaves the page alone",
+		 true, true},
 		{"not pinned, every page equal", "watched only: KSM merges each page once", false,
 		 true},
 	};
