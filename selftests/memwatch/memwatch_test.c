@@ -121,6 +121,25 @@ static void *map_pages(long page, int n)
 	return p == MAP_FAILED ? NULL : p;
 }
 
+/*
+ * @n pages, each under a watch of its own (cookie: its index; filled into
+ * @w unless NULL): the mapping, or NULL if a step failed.
+ */
+static char *map_watched_pages(int fd, long page, int n,
+			       struct memwatch_add *w)
+{
+	char *buf = map_pages(page, n);
+	int i;
+
+	for (i = 0; buf && i < n; i++) {
+		if (add_watch(fd, buf + i * page, page, i, 0, w ? &w[i] : NULL)) {
+			munmap(buf, page * n);
+			return NULL;
+		}
+	}
+	return buf;
+}
+
 static int read_events(int fd, struct memwatch_event *ev, int max)
 {
 	ssize_t n = read(fd, ev, sizeof(*ev) * max);
@@ -356,14 +375,12 @@ TEST_F(mw, overflow_and_rescan)
 	struct memwatch_event ev[4];
 	struct memwatch_stats st;
 	struct memwatch_add w[3];
-	char *buf = map_pages(self->page, 3);
+	char *buf;
 	int i;
 
-	ASSERT_NE(NULL, buf);
 	ASSERT_EQ(0, ioctl(self->fd, MEMWATCH_IOC_SET_QUEUE, &q));
-	for (i = 0; i < 3; i++)
-		ASSERT_EQ(0, add_watch(self->fd, buf + i * self->page,
-				       self->page, i, 0, &w[i]));
+	buf = map_watched_pages(self->fd, self->page, 3, w);
+	ASSERT_NE(NULL, buf);
 	ASSERT_EQ(0, munmap(buf, 3 * self->page));
 	for (i = 0; i < 3; i++)
 		EXPECT_FALSE(still_valid(self->slots, &w[i]));
@@ -561,11 +578,8 @@ TEST_F(mw, wake_delay_gathers_a_burst)
 	ASSERT_EQ(0, epoll_ctl(ep, EPOLL_CTL_ADD, self->fd, &ee));
 
 	/* The default: a wake-up per change. */
-	buf = map_pages(self->page, BURST);
+	buf = map_watched_pages(self->fd, self->page, BURST, w);
 	ASSERT_NE(NULL, buf);
-	for (i = 0; i < BURST; i++)
-		ASSERT_EQ(0, add_watch(self->fd, buf + i * self->page, self->page,
-				       i, 0, &w[i]));
 	before = wakeups(self->fd);
 	for (i = 0; i < BURST; i++)
 		ASSERT_EQ(0, munmap(buf + i * self->page, self->page));
@@ -576,11 +590,8 @@ TEST_F(mw, wake_delay_gathers_a_burst)
 	EXPECT_EQ(0, epoll_wait(ep, &out, 1, 0));
 
 	ASSERT_EQ(0, set_wake(self->fd, DELAY_MS * 1000, 0));
-	buf = map_pages(self->page, BURST);
+	buf = map_watched_pages(self->fd, self->page, BURST, w);
 	ASSERT_NE(NULL, buf);
-	for (i = 0; i < BURST; i++)
-		ASSERT_EQ(0, add_watch(self->fd, buf + i * self->page, self->page,
-				       i, 0, &w[i]));
 	before = wakeups(self->fd);
 	t0 = now_ms();
 	for (i = 0; i < BURST; i++) {
@@ -612,19 +623,17 @@ TEST_F(mw, a_half_full_queue_wakes_at_once)
 {
 	struct memwatch_queue q = { .size = 8 };
 	struct epoll_event ee = { .events = EPOLLIN };
-	char *buf = map_pages(self->page, 4);
 	int ep = epoll_create1(EPOLL_CLOEXEC);
 	__u64 before;
+	char *buf;
 	int i;
 
-	ASSERT_NE(NULL, buf);
 	ASSERT_LE(0, ep);
 	ASSERT_EQ(0, ioctl(self->fd, MEMWATCH_IOC_SET_QUEUE, &q));
 	ASSERT_EQ(0, epoll_ctl(ep, EPOLL_CTL_ADD, self->fd, &ee));
 	ASSERT_EQ(0, set_wake(self->fd, MEMWATCH_WAKE_DELAY_MAX_US, 0));
-	for (i = 0; i < 4; i++)
-		ASSERT_EQ(0, add_watch(self->fd, buf + i * self->page, self->page,
-				       i, 0, NULL));
+	buf = map_watched_pages(self->fd, self->page, 4, NULL);
+	ASSERT_NE(NULL, buf);
 	before = wakeups(self->fd);
 	for (i = 0; i < 3; i++)
 		ASSERT_EQ(0, munmap(buf + i * self->page, self->page));
@@ -836,15 +845,14 @@ TEST_F(mw, discarded_records_leave_room)
 {
 	struct pollfd pfd = { .fd = self->fd, .events = POLLIN };
 	struct memwatch_queue q = { .size = 4 };
-	char *buf = map_pages(self->page, 5);
 	struct memwatch_event ev[8] = { 0 };
 	struct memwatch_add w[5];
+	char *buf;
 
-	ASSERT_NE(NULL, buf);
 	ASSERT_EQ(0, ioctl(self->fd, MEMWATCH_IOC_SET_QUEUE, &q));
 	ASSERT_EQ(0, fcntl(self->fd, F_SETFL, O_NONBLOCK));
-	for (int i = 0; i < 5; i++)
-		ASSERT_EQ(0, add_watch(self->fd, buf + i * self->page, self->page, i, 0, &w[i]));
+	buf = map_watched_pages(self->fd, self->page, 5, w);
+	ASSERT_NE(NULL, buf);
 	/* Four records fill the queue; their watches go. */
 	ASSERT_EQ(0, madvise(buf, 4 * self->page, MADV_DONTNEED));
 	for (int i = 0; i < 4; i++)
