@@ -48,8 +48,10 @@ def parse_ktap(path):
     it reported fails, as does one that says so itself ('Planned tests !=
     run tests', a Totals line with errors), one that bails out, or one that
     printed a red failure mark in its output (khugepaged reports a failed
-    case as ok when a later check of the same case passes)."""
-    tests, binary, plan, reported = [], None, None, 0
+    case as ok when a later check of the same case passes). A binary the
+    runner ran again after a listed race ('# retry: ' lines, the failed
+    attempts) is judged by its last attempt; its cases carry 'retried'."""
+    tests, binary, plan, reported, retried = [], None, None, 0, []
     if not path.exists():
         return None
     for line in path.read_text(errors="replace").splitlines():
@@ -60,6 +62,12 @@ def parse_ktap(path):
         m = re.match(r"^# selftests: (\S+): (\S+)", line)
         if m:
             binary, inner, names, own_plan, trouble = f"{m[1]}/{m[2]}", 0, set(), None, []
+            retried = []
+            continue
+        if line.startswith("# retry: "):
+            m = re.match(r"^# retry: (attempt \d+ of \d+ failed.*)", line)
+            if m:
+                retried.append(m[1])
             continue
         m = re.match(r"^# 1\.\.(\d+)", line)
         if m and binary and own_plan is None:
@@ -102,6 +110,10 @@ def parse_ktap(path):
                 tests.append(failed(f"{name}: plan", f"planned {own_plan} cases, reported {inner}"))
             if binary == name and trouble:
                 tests.append(failed(f"{name}: output", "; ".join(trouble)[:300]))
+            if binary == name and retried:
+                for t in tests:
+                    if t["name"] == name or t["name"].startswith(name + ":"):
+                        t["retried"] = "; ".join(retried)
             binary = None
     if plan is None:
         tests.append(failed(f"{path.name}: plan", "no '1..N' plan: the runner did not start"))
@@ -390,6 +402,9 @@ def main():
         for t in tests:
             if t["outcome"] == "failed":
                 print(f"  FAILED {t['name']}: {t.get('reason', '')}")
+        for t in tests:
+            if "retried" in t:
+                print(f"  {t['outcome']} after a retry: {t['name']} ({t['retried']})")
     if "rdma-core" in results["suites"]:
         per_module = {}
         for t in results["suites"]["rdma-core"]["tests"]:
