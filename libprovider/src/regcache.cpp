@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <chrono>
 #include <limits>
 #include <mutex>
 #include <new>
@@ -388,6 +389,31 @@ void RegCache::reap(std::vector<std::unique_ptr<Entry>> &dead) noexcept
 {
 	if (dead.empty())
 		return;
+	// Cheap lately, or a probe of whether it is again (only a deregistration
+	// done here is timed: on the thread it shares the CPU with the caller):
+	// the small ones here; a large MR or an implicit one (its children with
+	// it) still goes to the thread.
+	if (dereg_ns_.load(std::memory_order_relaxed) < inline_dereg_ns ||
+	    reaps_.fetch_add(1, std::memory_order_relaxed) % dereg_probe_every == 0) {
+		std::erase_if(dead, [&](std::unique_ptr<Entry> &e) {
+			if (e->policy == Policy::ImplicitOdp || e->bytes() > inline_dereg_bytes)
+				return false;
+			const auto t0 = std::chrono::steady_clock::now();
+			destroy(std::move(e));
+			const uint64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+						    std::chrono::steady_clock::now() - t0)
+						    .count();
+			// Down at once, up slowly: a deregistration is slow
+			// for good (an RCU wait) or slowed by whatever else
+			// shares the CPU. Racing threads lose a sample at worst.
+			const uint64_t avg = dereg_ns_.load(std::memory_order_relaxed);
+			dereg_ns_.store(!avg || ns < avg ? ns : (7 * avg + ns) / 8,
+					std::memory_order_relaxed);
+			return true;
+		});
+		if (dead.empty())
+			return;
+	}
 	try {
 		std::lock_guard lock(reap_mu_);
 		if (!reaper_.joinable())
