@@ -49,7 +49,7 @@ def parse_ktap(path):
     run tests', a Totals line with errors), one that bails out, or one that
     printed a red failure mark in its output (khugepaged reports a failed
     case as ok when a later check of the same case passes). A binary the
-    runner ran again after a listed race ('# retry: ' lines, the failed
+    runner ran again after a listed race ('#retry: ' lines, the failed
     attempts) is judged by its last attempt; its cases carry 'retried'."""
     tests, binary, plan, reported, retried = [], None, None, 0, []
     if not path.exists():
@@ -64,8 +64,8 @@ def parse_ktap(path):
             binary, inner, names, own_plan, trouble = f"{m[1]}/{m[2]}", 0, set(), None, []
             retried = []
             continue
-        if line.startswith("# retry: "):
-            m = re.match(r"^# retry: (attempt \d+ of \d+ failed.*)", line)
+        if line.startswith("#retry: "):
+            m = re.match(r"^#retry: (attempt \d+ of \d+ failed.*)", line)
             if m:
                 retried.append(m[1])
             continue

@@ -34,7 +34,8 @@ snapshot() {
 	# (shell built-ins only: a hundred forks cost seconds under TCG)
 	# shellcheck disable=SC2086 # sysfs paths, no blanks
 	for f in $knobs; do
-		{ read -r v <"$f"; } 2>/dev/null || continue
+		v=
+		{ read -r v <"$f" || [ -n "$v" ]; } 2>/dev/null || continue
 		case $v in *\[*\]*) v=${v#*\[} v=${v%%\]*} ;; esac
 		printf '%s %s\n' "$f" "$v"
 	done
@@ -74,13 +75,16 @@ while IFS= read -r line; do
 		timeout -k 10 "$limit" $cmd </dev/null >/tmp/upstream-kselftest.out 2>&1
 		rc=$?
 		restore /tmp/upstream-kselftests.knobs
-		# A listed race may fail an attempt (exit 1, not a timeout): its
-		# output goes in as "# retry: " lines, which collect-results.py
-		# reports but does not count, and the binary runs again.
-		case $rc in 0 | 4 | 124 | 137) break ;; esac
-		[ $attempt -le "$retries" ] || break
-		awk '{ print "# retry: " $0 }' /tmp/upstream-kselftest.out >>"$out"
-		echo "# retry: attempt $attempt of $((retries + 1)) failed (exit=$rc)" >>"$out"
+		# A listed race may fail an attempt (exit 1: not a crash, not a
+		# timeout) while time is left: its output goes in as "#retry: "
+		# lines (the "# " of a binary's own output cannot make them),
+		# which collect-results.py reports but does not count, and the
+		# binary runs again.
+		if [ $rc != 1 ] || [ $attempt -gt "$retries" ] || [ $(($(date +%s) - t0)) -ge "$limit" ]; then
+			break
+		fi
+		awk '{ print "#retry: " $0 }' /tmp/upstream-kselftest.out >>"$out"
+		echo "#retry: attempt $attempt of $((retries + 1)) failed (exit=$rc)" >>"$out"
 	done
 	# (awk: a last line without a newline must not swallow the verdict)
 	awk '{ print "# " $0 }' /tmp/upstream-kselftest.out >>"$out"

@@ -110,17 +110,21 @@ class Parsers(unittest.TestCase):
                                "mm/cow:c": "passed", "mm/cow: output": "failed"})
 
     def test_ktap_a_retried_binary_is_judged_by_its_last_attempt(self):
-        # The failed attempts ('# retry: ' lines) neither pass nor fail a
-        # case; the cases of the last attempt carry the retry.
-        ktap = ("1..2\n# selftests: mm: ksm\n# retry: 1..1\n# retry: not ok 1 KSM unmerging\n"
-                "# retry: \x1b[31mred\x1b[0m\n# retry: attempt 1 of 4 failed (exit=1)\n"
+        # The failed attempts ('#retry: ' lines) neither pass nor fail a
+        # case; the cases of the last attempt carry the retry. A binary's
+        # own line "retry: ..." ('# retry: ') is output like any other.
+        ktap = ("1..3\n# selftests: mm: ksm\n#retry: 1..1\n#retry: not ok 1 KSM unmerging\n"
+                "#retry: \x1b[31mred\x1b[0m\n#retry: attempt 1 of 4 failed (exit=1)\n"
                 "# 1..1\n# ok 1 KSM unmerging\nok 1 selftests: mm: ksm\n"
-                "# selftests: mm: again\n# retry: not ok 1 a\n# retry: attempt 1 of 2 failed (exit=1)\n"
-                "# 1..1\n# not ok 1 a\nnot ok 2 selftests: mm: again # exit=1\n")
+                "# selftests: mm: again\n#retry: not ok 1 a\n#retry: attempt 1 of 2 failed (exit=1)\n"
+                "# 1..1\n# not ok 1 a\nnot ok 2 selftests: mm: again # exit=1\n"
+                "# selftests: mm: own\n# 1..1\n# retry: attempt 1 of 2 failed\n"
+                "# retry: not ok 1 x\n# not ok 1 x\nnot ok 3 selftests: mm: own # exit=1\n")
         tests = cr.parse_ktap(self.write("s.ktap", ktap))
-        self.assertEqual(outcomes(tests), {"mm/ksm:KSM unmerging": "passed", "mm/again:a": "failed"})
+        self.assertEqual(outcomes(tests), {"mm/ksm:KSM unmerging": "passed", "mm/again:a": "failed",
+                                           "mm/own:x": "failed"})
         self.assertEqual([t.get("retried") for t in tests],
-                         ["attempt 1 of 4 failed (exit=1)", "attempt 1 of 2 failed (exit=1)"])
+                         ["attempt 1 of 4 failed (exit=1)", "attempt 1 of 2 failed (exit=1)", None])
 
     def test_ktap_runner_killed_before_plan_met(self):
         cut = KTAP[:KTAP.index("# selftests: memwatch")]
