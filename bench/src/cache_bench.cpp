@@ -60,9 +60,10 @@ std::string name(int policy)
 }
 
 // Our cache under one policy, as the shared workloads see it. It
-// deregisters what it drops on a thread of its own, off the caller's path;
-// the peers deregister inline. @wait_dereg times it as they are timed: each
-// put waits until what was dropped so far is deregistered (flush).
+// deregisters what it drops in the caller while that is cheap, else on a
+// thread of its own; the peers deregister inline. @wait_dereg times it as
+// they are timed: each put waits until what was dropped so far is
+// deregistered (flush).
 class OurCache final : public CacheUnderTest
 {
 public:

@@ -5,10 +5,10 @@
 // thread's index of recent hits, an atomic reference, for pinned entries one
 // load of the memwatch word; other hits take the lock shared for a map
 // lookup. A put takes no lock. Misses, invalidation and eviction take it
-// exclusive; registration runs outside it, deregistration on the cache's
-// reaper thread. Entries' memory is never freed while the cache lives (see
-// shelve()), which is what lets the lock-free paths read an entry that may
-// just have left.
+// exclusive; registration runs outside it, deregistration after it (in the
+// caller while that is cheap, else on the cache's reaper thread). Entries' memory is never freed
+// while the cache lives (see shelve()), which is what lets the lock-free paths read an entry that
+// may just have left.
 //
 // Overlapping gets of one pd and access merge, as in UCX's ucs_rcache: the
 // new registration covers their union and replaces the entries it overlaps,
@@ -385,32 +385,55 @@ RegCache::Entry *RegCache::take_shell()
 	return e;
 }
 
-void RegCache::reap(std::vector<std::unique_ptr<Entry>> &dead) noexcept
+void RegCache::reap(std::vector<std::unique_ptr<Entry>> &dead, bool inline_ok) noexcept
 {
 	if (dead.empty())
 		return;
-	// Cheap lately, or a probe of whether it is again (only a deregistration
-	// done here is timed: on the thread it shares the CPU with the caller):
-	// the small ones here; a large MR or an implicit one (its children with
-	// it) still goes to the thread.
-	if (dereg_ns_.load(std::memory_order_relaxed) < inline_dereg_ns ||
-	    reaps_.fetch_add(1, std::memory_order_relaxed) % dereg_probe_every == 0) {
-		std::erase_if(dead, [&](std::unique_ptr<Entry> &e) {
-			if (e->policy == Policy::ImplicitOdp || e->bytes() > inline_dereg_bytes)
-				return false;
+	// Small ones here while that has been cheap lately, up to a budget per
+	// call, or one as a probe of whether it is cheap again; a large MR, an
+	// implicit one (its children with it), and the rest to the thread.
+	// Only a deregistration done here is timed: on the thread it shares
+	// the CPU with the callers.
+	if (inline_ok) {
+		bool probe =
+			dereg_ns_.load(std::memory_order_relaxed) >= inline_dereg_ns &&
+			reaps_.fetch_add(1, std::memory_order_relaxed) % dereg_probe_every == 0;
+		uint64_t spent = 0;
+		size_t kept = 0;
+		for (auto &e : dead) {
+			const bool here = e->policy != Policy::ImplicitOdp &&
+					  e->bytes() <= inline_dereg_bytes &&
+					  spent < inline_dereg_budget_ns &&
+					  (probe || dereg_ns_.load(std::memory_order_relaxed) <
+							    inline_dereg_ns);
+			if (!here) {
+				dead[kept++] = std::move(e);
+				continue;
+			}
+			probe = false;
+			{
+				std::lock_guard lock(reap_mu_);
+				reaping_++; // flush() waits for it too
+			}
 			const auto t0 = std::chrono::steady_clock::now();
 			destroy(std::move(e));
 			const uint64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
 						    std::chrono::steady_clock::now() - t0)
 						    .count();
+			spent += ns;
 			// Down at once, up slowly: a deregistration is slow
 			// for good (an RCU wait) or slowed by whatever else
 			// shares the CPU. Racing threads lose a sample at worst.
 			const uint64_t avg = dereg_ns_.load(std::memory_order_relaxed);
 			dereg_ns_.store(!avg || ns < avg ? ns : (7 * avg + ns) / 8,
 					std::memory_order_relaxed);
-			return true;
-		});
+			{
+				std::lock_guard lock(reap_mu_);
+				reaping_--;
+			}
+			reap_cv_.notify_all();
+		}
+		dead.resize(kept);
 		if (dead.empty())
 			return;
 	}
@@ -438,12 +461,12 @@ void RegCache::reaper_loop(std::stop_token stop)
 			return; // stop requested, nothing left
 		std::deque<std::unique_ptr<Entry>> batch;
 		batch.swap(reap_q_);
-		reaping_ = batch.size();
+		reaping_ += batch.size();
 		lock.unlock();
 		for (auto &e : batch)
 			destroy(std::move(e));
 		lock.lock();
-		reaping_ = 0;
+		reaping_ -= batch.size();
 		reap_cv_.notify_all();
 	}
 }
@@ -631,7 +654,9 @@ void RegCache::drain_if_due(uint64_t hits) noexcept
 void RegCache::drain_events() noexcept
 {
 	try {
-		Graveyard dead(*this); // destroys after the lock is gone
+		// Destroys after the lock is gone, on the thread: a hit does
+		// not deregister.
+		Graveyard dead(*this, false);
 		std::unique_lock lock(mu_, std::try_to_lock);
 		// Busy: the next hit tries again.
 		drain_pending_.store(!lock.owns_lock(), std::memory_order_relaxed);

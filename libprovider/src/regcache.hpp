@@ -77,20 +77,23 @@ private:
 		auto operator<=>(const Key &) const = default;
 		bool same_group(const Key &o) const { return pd == o.pd && access == o.access; }
 	};
-	// Entries to destroy once the lock is dropped, on every way out: they
-	// go to the reaper.
+	// Entries to destroy once the lock is dropped, on every way out: see
+	// reap(); @inline_ok false sends them all to the thread.
 	class Graveyard
 	{
 	public:
-		explicit Graveyard(RegCache &c) : c_(c) {}
+		explicit Graveyard(RegCache &c, bool inline_ok = true) : c_(c), inline_(inline_ok)
+		{
+		}
 		Graveyard(const Graveyard &) = delete;
 		Graveyard &operator=(const Graveyard &) = delete;
-		~Graveyard() { c_.reap(dead_); }
+		~Graveyard() { c_.reap(dead_, inline_); }
 		void add(std::unique_ptr<Entry> e) { dead_.push_back(std::move(e)); }
-		void reap_now() { c_.reap(dead_); }
+		void reap_now() { c_.reap(dead_, inline_); }
 
 	private:
 		RegCache &c_;
+		const bool inline_;
 		std::vector<std::unique_ptr<Entry>> dead_;
 	};
 
@@ -122,7 +125,7 @@ private:
 	// cheap (56 us for a 64 KiB MR on rxe under TCG), else on a thread, off
 	// the callers' path: a large MR, or a kernel whose deregistration waits
 	// for an RCU grace period (11 ms on rxe without its rcu_head fix).
-	void reap(std::vector<std::unique_ptr<Entry>> &dead) noexcept;
+	void reap(std::vector<std::unique_ptr<Entry>> &dead, bool inline_ok) noexcept;
 	void reaper_loop(std::stop_token stop);
 
 	const Policy policy_;
@@ -145,9 +148,11 @@ private:
 	// What a deregistration in the caller's thread cost lately (in ns:
 	// the last cheaper one, or an average of dearer ones) and the most it
 	// may cost; while above, one reap in dereg_probe_every still
-	// deregisters there, to see whether it is cheap again. Larger
+	// deregisters one there, to see whether it is cheap again. A call
+	// deregisters for at most inline_dereg_budget_ns. Larger
 	// registrations always go to the thread.
 	static constexpr uint64_t inline_dereg_ns = 250'000;
+	static constexpr uint64_t inline_dereg_budget_ns = 1'000'000;
 	static constexpr unsigned dereg_probe_every = 64;
 	static constexpr size_t inline_dereg_bytes = size_t{16} << 20;
 	std::atomic<uint64_t> dereg_ns_{0};
@@ -156,8 +161,8 @@ private:
 	std::mutex reap_mu_;
 	std::condition_variable_any reap_cv_;
 	std::deque<std::unique_ptr<Entry>> reap_q_;
-	size_t reaping_ = 0;  // taken off the queue, not yet destroyed
-	std::jthread reaper_; // started with the first dropped registration
+	size_t reaping_ = 0;  // being destroyed, here or taken off the queue
+	std::jthread reaper_; // started with the first registration sent to it
 
 	// Destroyed entries' memory, freed with the cache: an Entry pointer a
 	// caller still holds (a put racing an eviction, a second put) always

@@ -90,10 +90,11 @@ ODPWATCH_API struct ibv_mr *odpwatch_cache_reg_mr(const struct odpwatch_cache_re
 
 /*
  * Registrations the cache drops (stale, evicted) are deregistered by the
- * call that drops them while deregistration is cheap (a small MR, well
- * under a millisecond lately), else by a thread of the cache, off the
- * caller's path; this waits until every one dropped so far is.
- * odpwatch_cache_destroy() does it too.
+ * call that drops them (a get that misses, a put, process_events; never a
+ * hit) while deregistration is cheap (a small MR, well under a millisecond
+ * lately), else by a thread of the cache, off the caller's path; this
+ * waits until every one dropped so far is. odpwatch_cache_destroy() does
+ * it too.
  */
 ODPWATCH_API int odpwatch_cache_flush(struct odpwatch_cache *cache);
 
