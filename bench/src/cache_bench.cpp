@@ -207,25 +207,6 @@ void bench_workload_data(Report &rep, const Options &o, ibv_context *ctx, ibv_pd
 	}
 }
 
-// What the reuse rows are against: the unmap, map and first touch alone.
-void bench_reuse_baseline(Report &rep, const Options &o)
-{
-	const size_t n = o.quick ? 16 : 64, len = 64 << 10;
-	const std::string w = std::to_string(n) + " buffers";
-	auto bufs = buffers(n, len);
-	rep.add({kReuseGroup, w, "no cache",
-		 measure(o.reps, double(n),
-			 [&] {
-				 for (size_t i = 0; i < n; i++) {
-					 void *at = bufs[i].data();
-					 bufs[i].unmap();
-					 bufs[i] = verbs::Mapping(len, at);
-					 std::memset(bufs[i].data(), 2, len);
-				 }
-			 }),
-		 "no cache/" + w, "munmap + mmap + memset alone"});
-}
-
 // The peers run in their own processes (odpwatch-cache-peers, installed
 // beside us): UCX's and libfabric's hooks patch the same libc functions and
 // must not meet in one process, nor meet ours.
@@ -295,10 +276,15 @@ int cache_bench(const Options &o)
 		      {"misses", [&] { bench_misses(rep, o, pd.get()); }},
 		      {"freed and reused buffers",
 		       [&] {
-			       bench_reuse_baseline(rep, o);
-			       each_policy([&](OurCache &c, int) { bench_reuse(rep, o, c); });
-			       OurCache inline_dereg(ODPWATCH_CACHE_PINNED, pd.get(), true);
-			       bench_reuse(rep, o, inline_dereg);
+			       std::vector<std::unique_ptr<OurCache>> caches;
+			       std::vector<CacheUnderTest *> under_test;
+			       for (int p : kPolicies)
+				       caches.push_back(std::make_unique<OurCache>(p, pd.get()));
+			       caches.push_back(std::make_unique<OurCache>(ODPWATCH_CACHE_PINNED,
+									   pd.get(), true));
+			       for (auto &c : caches)
+				       under_test.push_back(c.get());
+			       bench_reuse(rep, o, under_test, true);
 		       }},
 		      {"munmap of a cached buffer",
 		       [&] {

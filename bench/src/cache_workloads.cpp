@@ -68,34 +68,74 @@ void bench_hits(Report &rep, const Options &o, CacheUnderTest &c, const std::str
 	rep.add({kHitGroup, w, c.name(), s, "explicit-odp/" + w, note});
 }
 
-void bench_reuse(Report &rep, const Options &o, CacheUnderTest &c)
+namespace
 {
-	const size_t n = o.quick ? 16 : 64, len = 64 << 10;
-	const std::string w = std::to_string(n) + " buffers";
-	auto bufs = buffers(n, len);
-	std::vector<uint32_t> keys(n); // of each buffer's last registration
-	for (size_t i = 0; i < n; i++) {
-		CacheHit h = c.get(bufs[i].data(), len);
-		keys[i] = h.key;
-		c.put(h);
-	}
-	uint64_t stale = 0, uses = 0;
-	auto s = measure(o.reps, double(n), [&] {
-		for (size_t i = 0; i < n; i++) {
-			bufs[i].unmap();
-			bufs[i] = verbs::Mapping(len, slot(i));
-			std::memset(bufs[i].data(), 2, len);
-			CacheHit h = c.get(bufs[i].data(), len);
-			stale += c.pins_pages() && h.key == keys[i];
-			keys[i] = h.key;
-			uses++;
-			c.put(h);
-		}
-	});
+
+// The row of one cache in the reuse group.
+void add_reuse_row(Report &rep, const std::string &w, CacheUnderTest &c, const Spread &s,
+		   uint64_t stale, uint64_t uses)
+{
 	rep.add({kReuseGroup, w, c.name(), s, "no cache/" + w,
 		 c.pins_pages() ? std::to_string(stale) + " of " + std::to_string(uses) +
 					  " stale registrations handed out; " + c.how()
 				: c.how()});
+}
+
+} // namespace
+
+void bench_reuse(Report &rep, const Options &o, const std::vector<CacheUnderTest *> &caches,
+		 bool with_baseline)
+{
+	const size_t n = o.quick ? 16 : 64, len = 64 << 10;
+	const std::string w = std::to_string(n) + " buffers";
+	auto bufs = buffers(n, len);
+	auto replace = [&](size_t i) {
+		bufs[i].unmap();
+		bufs[i] = verbs::Mapping(len, slot(i));
+		std::memset(bufs[i].data(), 2, len);
+	};
+	struct Run {
+		CacheUnderTest *c;
+		std::vector<uint32_t> keys; // of each buffer's last registration
+		uint64_t stale = 0, uses = 0;
+	};
+	std::vector<Run> runs;
+	for (CacheUnderTest *c : caches) {
+		Run r{c, std::vector<uint32_t>(n)};
+		for (size_t i = 0; i < n; i++) {
+			CacheHit h = c->get(bufs[i].data(), len);
+			r.keys[i] = h.key;
+			c->put(h);
+		}
+		runs.push_back(std::move(r));
+	}
+	// The caches take turns on the same buffers (measure_interleaved()):
+	// each finds its registrations stale after the others' turns, as
+	// after its own, and no cache is measured in a quieter minute.
+	std::vector<std::function<void()>> bodies;
+	if (with_baseline)
+		bodies.push_back([&] {
+			for (size_t i = 0; i < n; i++)
+				replace(i);
+		});
+	for (Run &r : runs)
+		bodies.push_back([&] {
+			for (size_t i = 0; i < n; i++) {
+				replace(i);
+				CacheHit h = r.c->get(bufs[i].data(), len);
+				r.stale += r.c->pins_pages() && h.key == r.keys[i];
+				r.keys[i] = h.key;
+				r.uses++;
+				r.c->put(h);
+			}
+		});
+	auto spreads = measure_interleaved(o.reps, double(n), bodies);
+	size_t k = 0;
+	if (with_baseline)
+		rep.add({kReuseGroup, w, "no cache", spreads[k++], "no cache/" + w,
+			 "munmap + mmap + memset alone"});
+	for (Run &r : runs)
+		add_reuse_row(rep, w, *r.c, spreads[k++], r.stale, r.uses);
 }
 
 void bench_unmap(Report &rep, const Options &o, CacheUnderTest *c)

@@ -55,8 +55,10 @@ extern const char *const kUnmapGroup;
 
 // get + put of 64 cached 64 KiB buffers, many rounds.
 void bench_hits(Report &rep, const Options &o, CacheUnderTest &c, const std::string &note);
-// A cached buffer is freed and another mapped at its address, then used.
-void bench_reuse(Report &rep, const Options &o, CacheUnderTest &c);
+// A cached buffer is freed and another mapped at its address, then used:
+// by each cache in turn, and with_baseline by none (munmap, mmap, memset).
+void bench_reuse(Report &rep, const Options &o, const std::vector<CacheUnderTest *> &caches,
+		 bool with_baseline);
 // munmap() alone of 64 cached 64 KiB buffers: what the cache's way of
 // learning of unmaps adds to the application's own munmap. No cache
 // (@c null): munmap of buffers that were never registered, the baseline.

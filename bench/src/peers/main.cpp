@@ -163,7 +163,7 @@ int main(int argc, char **argv)
 		};
 		std::fprintf(stderr, " [%s:", peer.c_str());
 		section("hits", [&] { bench_hits(rep, o, *c, c->how()); });
-		section("reuse", [&] { bench_reuse(rep, o, *c); });
+		section("reuse", [&] { bench_reuse(rep, o, {c.get()}, false); });
 		section("unmap", [&] { bench_unmap(rep, o, c.get()); });
 		section("workload", [&] { bench_workload(rep, o, *c); });
 		// Without a cache nothing can be stale.
