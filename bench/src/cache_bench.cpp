@@ -272,6 +272,9 @@ int cache_bench(const Options &o)
 			       each_policy([&](OurCache &c, int p) {
 				       bench_hits(rep, o, c, hit_note(p));
 			       });
+			       each_policy([&](OurCache &c, int p) {
+				       bench_hits_many(rep, o, c, hit_note(p));
+			       });
 		       }},
 		      {"misses", [&] { bench_misses(rep, o, pd.get()); }},
 		      {"freed and reused buffers",

@@ -14,12 +14,15 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace odpwatch::bench
 {
 
 const char *const kHitGroup = "hit: get + put of a cached 64 KiB buffer";
+const char *const kHitManyGroup =
+	"hit: get + put of 1024 cached malloc'd buffers of 4-64 KiB, in random order";
 const char *const kReuseGroup = "free + new buffer at the same address + get + put (64 KiB)";
 const char *const kWorkloadGroup = "MPI-like: 128 buffers (4 KiB..1 MiB), 5% freed and reallocated";
 const char *const kUnmapGroup = "munmap of a cached 64 KiB buffer";
@@ -82,6 +85,36 @@ void add_reuse_row(Report &rep, const std::string &w, CacheUnderTest &c, const S
 }
 
 } // namespace
+
+void bench_hits_many(Report &rep, const Options &o, CacheUnderTest &c, const std::string &note)
+{
+	// More live buffers than any per-thread index has slots, sizes and
+	// addresses as malloc() gives them (neighbours share pages), and no
+	// order: what an application's hits look like, not a hash's best case.
+	const size_t n = 1024, rounds = o.quick ? 4 : 20;
+	const std::string w = std::to_string(n) + " buffers";
+	std::mt19937 rng(4242);
+	std::vector<std::pair<char *, size_t>> bufs;
+	for (size_t i = 0; i < n; i++) {
+		const size_t len = 4096 + rng() % (60 << 10);
+		auto *p = static_cast<char *>(std::malloc(len));
+		if (!p)
+			throw verbs::Error("malloc", ENOMEM);
+		std::memset(p, 1, len);
+		bufs.emplace_back(p, len);
+	}
+	std::vector<size_t> order(n * rounds);
+	for (size_t &i : order)
+		i = rng() % n;
+	// (measure()'s untimed first run registers them all.)
+	auto s = measure(o.reps, double(order.size()), [&] {
+		for (size_t i : order)
+			get_put(c, bufs[i].first, bufs[i].second);
+	});
+	for (auto &b : bufs)
+		std::free(b.first);
+	rep.add({kHitManyGroup, w, c.name(), s, "explicit-odp/" + w, note});
+}
 
 void bench_reuse(Report &rep, const Options &o, const std::vector<CacheUnderTest *> &caches,
 		 bool with_baseline)

@@ -49,12 +49,15 @@ std::vector<verbs::Mapping> buffers(size_t n, size_t len);
 
 // The row groups, shared so every cache's rows land in the same table.
 extern const char *const kHitGroup;
+extern const char *const kHitManyGroup;
 extern const char *const kReuseGroup;
 extern const char *const kWorkloadGroup;
 extern const char *const kUnmapGroup;
 
 // get + put of 64 cached 64 KiB buffers, many rounds.
 void bench_hits(Report &rep, const Options &o, CacheUnderTest &c, const std::string &note);
+// get + put of 1024 malloc'd buffers of random sizes, in random order.
+void bench_hits_many(Report &rep, const Options &o, CacheUnderTest &c, const std::string &note);
 // A cached buffer is freed and another mapped at its address, then used:
 // by each cache in turn, and with_baseline by none (munmap, mmap, memset).
 void bench_reuse(Report &rep, const Options &o, const std::vector<CacheUnderTest *> &caches,

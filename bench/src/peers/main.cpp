@@ -162,7 +162,10 @@ int main(int argc, char **argv)
 			std::fprintf(stderr, " %s", what);
 		};
 		std::fprintf(stderr, " [%s:", peer.c_str());
-		section("hits", [&] { bench_hits(rep, o, *c, c->how()); });
+		section("hits", [&] {
+			bench_hits(rep, o, *c, c->how());
+			bench_hits_many(rep, o, *c, c->how());
+		});
 		section("reuse", [&] { bench_reuse(rep, o, {c.get()}, false); });
 		section("unmap", [&] { bench_unmap(rep, o, c.get()); });
 		section("workload", [&] { bench_workload(rep, o, *c); });
