@@ -1079,6 +1079,7 @@ SYSCALL_DEFINE1(memwatch_create, unsigned int, flags)
 	ctx->hdr->header_size = sizeof(*ctx->hdr);
 	ctx->hdr->slots_offset = PAGE_SIZE;
 	ctx->hdr->max_slots = MEMWATCH_MAX_SLOTS;
+	ctx->hdr->features = MEMWATCH_FEATURE_SET_QUEUE | MEMWATCH_FEATURE_SET_WAKE;
 	ctx->ucounts = ucounts;
 	mmgrab(current->mm);
 	ctx->mm = current->mm;

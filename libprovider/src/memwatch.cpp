@@ -87,6 +87,8 @@ void Memwatch::clear_overflow()
 
 void Memwatch::set_wake_delay(uint32_t delay_us)
 {
+	if (!(hdr_->features & MEMWATCH_FEATURE_SET_WAKE))
+		throw verbs::Error("MEMWATCH_IOC_SET_WAKE", EOPNOTSUPP);
 	memwatch_wake w{};
 	w.delay_us = delay_us;
 	if (ioctl(fd_, MEMWATCH_IOC_SET_WAKE, &w))

@@ -179,6 +179,10 @@ TEST_F(mw, header)
 	EXPECT_EQ(sizeof(struct memwatch_header), self->hdr->header_size);
 	EXPECT_EQ((__u64)self->page, self->hdr->slots_offset);
 	EXPECT_LE(1u << 20, self->hdr->max_slots);
+	/* Every feature this header names, and no other bit. */
+	EXPECT_EQ(MEMWATCH_FEATURE_SET_QUEUE | MEMWATCH_FEATURE_SET_WAKE,
+		  self->hdr->features);
+	EXPECT_EQ(0, self->hdr->reserved);
 	EXPECT_EQ(0, self->hdr->active_watches);
 	ASSERT_EQ(0, add_watch(self->fd, buf, 2 * self->page, 7, 0, &w));
 	EXPECT_EQ(1, self->hdr->active_watches);

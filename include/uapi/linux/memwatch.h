@@ -24,7 +24,20 @@
 #include <linux/ioctl.h>
 #include <linux/types.h>
 
+/*
+ * The layout of struct memwatch_header. It stays 1: what a kernel adds is
+ * announced in memwatch_header.features (and a longer header by its
+ * header_size), never by a new version.
+ */
 #define MEMWATCH_ABI_VERSION	1
+
+/*
+ * memwatch_header.features: what this kernel offers beyond ADD, REMOVE,
+ * STATS and CLEAR_OVERFLOW. Test a bit before relying on what it names;
+ * bits not defined here are 0.
+ */
+#define MEMWATCH_FEATURE_SET_QUEUE	(1ULL << 0) /* MEMWATCH_IOC_SET_QUEUE */
+#define MEMWATCH_FEATURE_SET_WAKE	(1ULL << 1) /* MEMWATCH_IOC_SET_WAKE */
 
 /*
  * memwatch_create() flags. O_CLOEXEC and O_NONBLOCK come from <fcntl.h>
@@ -151,7 +164,8 @@ struct memwatch_header {
 	__u64 active_watches;
 	__u64 slots_offset;	/* byte offset of the generation words */
 	__u64 max_slots;	/* generation words the area can hold */
-	__u64 reserved[2];
+	__u64 features;		/* MEMWATCH_FEATURE_* */
+	__u64 reserved;
 };
 
 #define MEMWATCH_IOC_MAGIC	0xB9
