@@ -27,10 +27,12 @@ if [ -z "$identity" ] || printf '%s\n' "$identity" | grep -qxE "$placeholder"; t
 fi
 printf '%s\n' "$identity" | grep -qE '^[^<>]+ <[^<> @]+@[^<> ]+>$' ||
 	die "ODPWATCH_IDENTITY must read 'Name <email>', not '$identity'"
-# sign FILE...: the placeholder becomes the identity.
+# sign FILE...: the placeholder becomes the identity (the author, and the
+# maintainer a MAINTAINERS entry names).
 sign() {
 	local who=${identity//&/\\&}
-	sed -i -E "s/^(From|Signed-off-by): $placeholder\$/\\1: ${who//\//\\/}/" "$@"
+	sed -i -E -e "s/^(From|Signed-off-by): $placeholder\$/\\1: ${who//\//\\/}/" \
+		-e "s/^\\+M:\t$placeholder\$/+M:\t${who//\//\\/}/" "$@"
 }
 
 # fill_cover DIR TEXT WHERE: DIR's 0000-cover-letter.patch gets TEXT's first
