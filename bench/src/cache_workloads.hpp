@@ -56,7 +56,7 @@ extern const char *const kUnmapGroup;
 
 // get + put of 64 cached 64 KiB buffers, many rounds.
 void bench_hits(Report &rep, const Options &o, CacheUnderTest &c, const std::string &note);
-// get + put of 1024 malloc'd buffers of random sizes, in random order.
+// get + put of 768 malloc'd buffers of random sizes, in random order.
 void bench_hits_many(Report &rep, const Options &o, CacheUnderTest &c, const std::string &note);
 // A cached buffer is freed and another mapped at its address, then used:
 // by each cache in turn, and with_baseline by none (munmap, mmap, memset).
