@@ -27,12 +27,13 @@ if [ -z "$identity" ] || printf '%s\n' "$identity" | grep -qxE "$placeholder"; t
 fi
 printf '%s\n' "$identity" | grep -qE '^[^<>]+ <[^<> @]+@[^<> ]+>$' ||
 	die "ODPWATCH_IDENTITY must read 'Name <email>', not '$identity'"
-# sign FILE...: the placeholder becomes the identity (the author, and the
-# maintainer a MAINTAINERS entry names).
+# sign FILE...: the placeholder becomes the identity: the author, and in a
+# real export the maintainer a MAINTAINERS entry names (a checked export
+# keeps that line, which is in the tree: make check-series compares trees).
 sign() {
-	local who=${identity//&/\\&}
-	sed -i -E -e "s/^(From|Signed-off-by): $placeholder\$/\\1: ${who//\//\\/}/" \
-		-e "s/^\\+M:\t$placeholder\$/+M:\t${who//\//\\/}/" "$@"
+	local who=${identity//&/\\&} maint=
+	[ -n "${ODPWATCH_SERIES_CHECK:-}" ] || maint="s/^\\+M:\t$placeholder\$/+M:\t${who//\//\\/}/"
+	sed -i -E -e "s/^(From|Signed-off-by): $placeholder\$/\\1: ${who//\//\\/}/" ${maint:+-e "$maint"} "$@"
 }
 
 # fill_cover DIR TEXT WHERE: DIR's 0000-cover-letter.patch gets TEXT's first
