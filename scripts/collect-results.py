@@ -286,7 +286,7 @@ def compare_with_stock(ours, stock):
 
 
 SUITES = ("selftests", "upstream-kselftests", "pyverbs-tests", "rdma-core", "rdma-core-vs-stock", "cluster", "middleware",
-          "examples", "rdma-fixes")
+          "examples", "kernel-ulps", "rdma-fixes")
 
 
 def parse_cluster(d, name="cluster"):
@@ -365,7 +365,7 @@ def main():
     # The two-guest suites' consoles are scanned for splats too.
     # So is the kernel with the rdma fixes (not vanilla's: its bugs may splat).
     for c in sorted(d.glob("cluster/node*/console.log")) + sorted(d.glob("middleware/node*/console.log")) + \
-            sorted(d.glob("rdma-fixes/fixes/console.log")):
+            sorted(d.glob("kernel-ulps/node*/console.log")) + sorted(d.glob("rdma-fixes/fixes/console.log")):
         console += "\n" + c.read_text(errors="replace").replace("\r", "")
     m = re.search(r"odpwatch: kernel ([^\s,]+)", console)
     results["kernel"] = m[1] if m else None
@@ -377,6 +377,7 @@ def main():
               "cluster": parse_cluster(d / "cluster"),
               "middleware": parse_cluster(d / "middleware", "middleware"),
               "examples": parse_cluster(d / "middleware", "examples"),
+              "kernel-ulps": parse_cluster(d / "kernel-ulps", "kernel-ulps"),
               "rdma-fixes": parse_fixes(d / "rdma-fixes")}
     stock = parse_modules(d, "rdma-core-stock")
     # A stock module that did not run is a failure of the comparison.

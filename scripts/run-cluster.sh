@@ -9,7 +9,8 @@
 # output and status land in DIR/nodeN/. The run fails if either node fails
 # or dies. A node that dies (or finishes) leaves the other GRACE seconds
 # (default 300) to finish; TIMEOUT (default 1800) is the common deadline.
-# Env: TIMEOUT, GRACE, VM_MEM (default 2G per node).
+# Env: TIMEOUT, GRACE, VM_MEM (default 2G per node), ODPWATCH_APPEND_NODE0
+# and ODPWATCH_APPEND_NODE1 (more of that node's kernel command line).
 . "$(dirname "$0")/lib.sh"
 
 dir=$OUT/$1 kernel=$2 rootfs=$3
@@ -49,13 +50,13 @@ for n in 0 1; do
 	[ -f "$nd/cmd.sh" ] || die "cluster: no command for node $n ($nd/cmd.sh)"
 done
 for n in 0 1; do
-	nd=$dir/node$n peer=$((1 - n))
+	nd=$dir/node$n peer=$((1 - n)) append=ODPWATCH_APPEND_NODE$n
 	# shellcheck disable=SC2046
 	qemu-system-x86_64 -machine pc -accel tcg,thread=multi -cpu max -smp 1 -m "${VM_MEM:-2G}" \
 		-display none -no-reboot -monitor none -serial "file:$nd/console.log" -kernel "$kernel" \
 		-netdev "dgram,id=wire,local.type=unix,local.path=$wire/node$n.sock,remote.type=unix,remote.path=$wire/node$peer.sock" \
 		-device "virtio-net-pci,netdev=wire,mac=52:54:00:0d:90:0$n" \
-		-append "console=ttyS0 no5lvl pci=noacpi root=rootfs rootfstype=9p rootflags=trans=virtio,version=9p2000.L,msize=512000,cache=loose ro init=/sbin/odpwatch-init panic=-1 odpwatch.job=cluster odpwatch.dir=$1/node$n odpwatch.node=$n" \
+		-append "console=ttyS0 no5lvl pci=noacpi root=rootfs rootfstype=9p rootflags=trans=virtio,version=9p2000.L,msize=512000,cache=loose ro init=/sbin/odpwatch-init panic=-1 odpwatch.job=cluster odpwatch.dir=$1/node$n odpwatch.node=$n${!append:+ ${!append}}" \
 		$(share rootfs "$rootfs" ,readonly=on) $(share odpwatch "$TOP" ,readonly=on) $(share out "$OUT" "") \
 		</dev/null >"$nd/qemu.log" 2>&1 &
 	pids+=($!)

@@ -29,7 +29,7 @@ fi
 # make check lists it at the end; .ci/run's hard limit is what fails a run.
 declare -A budget=([host]=300 [materialise]=240 [kernel-std]=900 [kernel-debug]=1200
 	[series]=150 [series-fixes]=1500 [lint]=120 [i386]=120 [rootfs]=300 [rdma-core]=360 [userspace]=300 [libfabric]=600
-	[guest-check-std]=1600 [guest-check-debug]=1800 [cluster]=600 [middleware]=1100 [rdma-fixes]=240
+	[guest-check-std]=1600 [guest-check-debug]=1800 [cluster]=600 [middleware]=1100 [kernel-ulps]=900 [rdma-fixes]=240
 	[bench-wire]=2400)
 budgeted() { STAGE_BUDGET=${budget[$1]:-} stage "${@:2}"; }
 # A stage on the two-guest cluster, in $OUT/$dir/SUB: node 0 runs CMD0, node 1 CMD1.
@@ -129,7 +129,7 @@ if [ "$job" = check ]; then
 	debug) suites="selftests pyverbs-tests"
 		pyverbs="test_harness.py test_rxe_odp.py test_rxe_qp_events.py test_fault_injection.py test_teardown.py test_stress.py test_limits.py"
 		deselect="test_limits.py::test_demand_paging_beyond_memory[4]" ;;
-	*) suites="selftests upstream-kselftests pyverbs-tests rdma-core rdma-core-vs-stock cluster middleware examples" pyverbs="" ;;
+	*) suites="selftests upstream-kselftests pyverbs-tests rdma-core rdma-core-vs-stock cluster middleware examples kernel-ulps" pyverbs="" ;;
 	esac
 	printf 'SUITES="%s"\nPYVERBS_TESTS="%s"\nPYVERBS_DESELECT="%s"\n' "$suites" "$pyverbs" "$deselect" >"$OUT/$dir/plan"
 fi
@@ -179,6 +179,13 @@ if [ "$job" = check ] && [ "$variant" = std ]; then
 	two_guests middleware "middleware and examples suites: Debian's MPI and example clients across two guests" middleware \
 		"/odpwatch/scripts/guest/run-middleware-suite.sh /out/$dir/middleware/node0" \
 		"/odpwatch/scripts/guest/wait-for-file.sh /out/$dir/middleware/node0/middleware.status" || true
+	# The kernel's own RDMA users (NVMe over fabrics, NFS), node 1 driven
+	# over ssh. nvmet_rdma's use_srq is read at boot only: node 1's target
+	# runs without an SRQ, node 0's with one.
+	ODPWATCH_APPEND_NODE0="nvmet_rdma.use_srq=1" ODPWATCH_APPEND_NODE1="nvmet_rdma.use_srq=0" \
+		two_guests kernel-ulps "kernel-ulps suite: NVMe over fabrics and NFS over rxe across two guests" kernel-ulps \
+		"/odpwatch/scripts/guest/run-kernel-ulps-suite.sh /out/$dir/kernel-ulps/node0" \
+		"/odpwatch/scripts/guest/wait-for-file.sh /out/$dir/kernel-ulps/node0/kernel-ulps.status" || true
 	# The series a reviewer gets must apply, yield this tree, build and pass
 	# lint; memwatch must build on 32-bit architectures too. No guest needs
 	# them: they run last, on the core the debug guest leaves, and off the

@@ -220,9 +220,9 @@ class Parsers(unittest.TestCase):
                  skips=None, suites=None, drop=None, node_console="", agent_status="0\n",
                  node_console_of="cluster"):
         d = Path(self.dir.name)
-        # The two two-guest suites: cluster (node 1 runs an agent) and
-        # middleware (node 1 runs sshd until node 0 is done).
-        for name in ("cluster", "middleware"):
+        # The two-guest suites: cluster (node 1 runs an agent), middleware
+        # and kernel-ulps (node 1 runs sshd until node 0 is done).
+        for name in ("cluster", "middleware", "kernel-ulps"):
             for n in (0, 1):
                 (d / f"{name}/node{n}").mkdir(parents=True, exist_ok=True)
                 self.write(f"{name}/node{n}/console.log",
@@ -284,7 +284,7 @@ class Parsers(unittest.TestCase):
             rc, out, res = self.run_main("odpwatch: kernel k\n", skips=listed)
             self.assertEqual(rc, 1, out)
             self.assertEqual(res["unexpected_skips"], 1)
-            self.assertEqual((res["passed"], res["failed"], res["skipped"]), (9, 1, 1))
+            self.assertEqual((res["passed"], res["failed"], res["skipped"]), (10, 1, 1))
             self.assertIn("not on the expected-skips list", out)
 
     def test_main_clean_console_passes(self):
@@ -296,8 +296,8 @@ class Parsers(unittest.TestCase):
         self.assertEqual(res["kernel"], "7.3.4-odpwatch")
         # Eight distinct tests pass: the comparison with Debian's rdma-core
         # checks test_a of the rdma-core suite and is not counted again.
-        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (9, 0, 2))
-        self.assertEqual(out.splitlines()[-1], "9 passed, 0 failed, 2 skipped")
+        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (10, 0, 2))
+        self.assertEqual(out.splitlines()[-1], "10 passed, 0 failed, 2 skipped")
 
     def test_stock_comparison(self):
         # A test Debian's rdma-core passed must pass with ours; one it skipped
@@ -311,7 +311,7 @@ class Parsers(unittest.TestCase):
         self.assertEqual((vs["passed"], vs["failed"], vs["skipped"]), (1, 1, 0))
         # In the totals test_b is one failed test (not run with ours), test_a
         # one passed test, counted once though two suites name it.
-        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (9, 1, 2))
+        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (10, 1, 2))
         self.assertIn("passed with Debian's rdma-core, not run with ours", out)
         # No stock run at all is a failure, not a pass...
         rc, out, res = self.run_main("odpwatch: kernel k\n", "")
@@ -328,6 +328,7 @@ class Parsers(unittest.TestCase):
         for f in ("selftests.ktap", "pyverbs-tests.xml", "pyverbs-tests.status", "rdma-core.test_mr.log",
                   "cluster/node0/cluster.xml", "cluster/node0/cluster.status",
                   "middleware/node0/middleware.xml", "middleware/node0/middleware.status",
+                  "kernel-ulps/node0/kernel-ulps.xml", "kernel-ulps/node0/kernel-ulps.status",
                   "rdma-fixes/vanilla/fix.tap", "rdma-fixes/fixes/fix.tap"):
             rc, out, res = self.run_main("odpwatch: kernel k\n", drop=f)
             self.assertEqual(rc, 1, f)
@@ -351,7 +352,7 @@ class Parsers(unittest.TestCase):
         rc, out, res = self.run_main("odpwatch: kernel k\n", agent_status=None)
         self.assertEqual(rc, 1, out)
         # A splat on a node's console fails the run like one on the main guest's.
-        for suite in ("cluster", "middleware"):
+        for suite in ("cluster", "middleware", "kernel-ulps"):
             rc, out, res = self.run_main("odpwatch: kernel k\n", node_console="BUG: KASAN: x in y\n",
                                          node_console_of=suite)
             self.assertEqual(rc, 1, out)
