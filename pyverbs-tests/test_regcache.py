@@ -24,7 +24,7 @@ BINARY = "/out/guest/bin/regcache-test"
 CASES = ["reuse-pinned", "reuse-explicit-odp", "reuse-implicit-odp",
          "ways-to-free-pinned", "ways-to-free-explicit-odp", "ways-to-free-implicit-odp",
          "threads-pinned", "threads-explicit-odp", "threads-implicit-odp",
-         "limits", "implicit-max-bytes", "events", "bad-input", "no-memwatch",
+         "limits", "implicit-max-bytes", "events", "bad-input", "no-memwatch", "memwatch-refused",
          "overlap-pinned", "overlap-explicit-odp", "memlock-retry",
          "union-loses-a-changed-neighbour", "hits-release-freed-memory", "fork-child",
          "default-limits", "eviction-order", "churn", "more-ways-to-free-pinned",

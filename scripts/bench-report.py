@@ -238,7 +238,12 @@ def stale_matrix(rows):
             else:
                 m = re.match(r"(\d+) of (\d+)", n)
                 k = int(m.group(1)) if m else -1
-                cells.append(("**%s stale**" if k else "%s stale") % (m.group(0) if m else n))
+                cell_text = ("**%s stale**" if k else "%s stale") % (m.group(0) if m else n)
+                # A move or reclaim the kernel declined on pinned pages.
+                kept = re.search(r"(\d+) times the kernel kept", n)
+                if kept:
+                    cell_text += f"; {kept.group(1)} kept (pinned)"
+                cells.append(cell_text)
         out.append(f"| {s[len('stale? '):]} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -413,7 +418,7 @@ def main():
     if "cache" in allrows:
         mat = stale_matrix(allrows["cache"])
         if mat:
-            md += ["## Stale registrations: the classic failure, five ways", "",
+            md += ["## Stale registrations: the classic failure, nine ways", "",
                    "A buffer is registered through the cache, freed, and a new buffer appears at "
                    "the same address; the cache is asked again. Handing out the old registration "
                    "(the same key: rxe allocates MR indices cyclically, so a new registration always "

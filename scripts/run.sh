@@ -29,7 +29,7 @@ fi
 # make check lists it at the end; .ci/run's hard limit is what fails a run.
 declare -A budget=([host]=300 [materialise]=240 [kernel-std]=900 [kernel-debug]=1200
 	[series]=150 [series-fixes]=1500 [lint]=120 [i386]=120 [rootfs]=300 [rdma-core]=360 [userspace]=300 [libfabric]=600
-	[guest-check-std]=1600 [guest-check-debug]=1800 [cluster]=600 [middleware]=1100 [kernel-ulps]=900 [rdma-fixes]=240
+	[guest-check-std]=1600 [guest-check-debug]=1800 [cluster]=600 [middleware]=1500 [kernel-ulps]=600 [rdma-fixes]=240
 	[bench-wire]=2400)
 budgeted() { STAGE_BUDGET=${budget[$1]:-} stage "${@:2}"; }
 # A stage on the two-guest cluster, in $OUT/$dir/SUB: node 0 runs CMD0, node 1 CMD1.

@@ -302,7 +302,7 @@ int cache_bench(const Options &o)
 		       }},
 		      {"MPI-like workload, data moved",
 		       [&] { bench_workload_data(rep, o, ctx.get(), pd.get()); }},
-		      {"stale registrations, five ways to free",
+		      {"stale registrations, nine ways to free",
 		       [&] {
 			       each_policy([&](OurCache &c, int) {
 				       if (c.pins_pages())

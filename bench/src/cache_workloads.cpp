@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
 #include "cache_workloads.hpp"
 
+#include "raw_free.hpp"
 #include "verbs.hpp"
 
 #include <malloc.h>
@@ -230,14 +231,16 @@ namespace
 {
 
 // One way an application (or its runtime) lets go of a buffer and gets a
-// new one at the same address. replace() returns the new buffer's address.
+// new one at the same address. replace() returns the new buffer's address,
+// and sets @kept when the kernel declined to let the pages go (it neither
+// moves nor drops a pinned page): the registration is then still right.
 // Mapped buffers live at fixed slots: a hole left by munmap at the top of
 // the mmap area would be taken by the next anonymous mapping anyone makes
 // (a hook's own allocation, say) before ours.
 struct FreeMethod {
 	const char *name;
 	std::function<void *(size_t i, size_t len)> alloc;
-	std::function<void *(void *p, size_t len)> replace;
+	std::function<void *(void *p, size_t len, bool &kept)> replace;
 	std::function<void(void *p, size_t len)> release;
 };
 
@@ -259,7 +262,7 @@ std::vector<FreeMethod> free_methods()
 	auto at_slot = [](size_t i, size_t len) { return map_at(slot(i), len); };
 	return {
 		{"munmap() + mmap()", at_slot,
-		 [](void *p, size_t len) {
+		 [](void *p, size_t len, bool &) {
 			 munmap(p, len);
 			 return map_at(p, len);
 		 },
@@ -271,7 +274,7 @@ std::vector<FreeMethod> free_methods()
 				 throw verbs::Error("malloc", ENOMEM);
 			 return p;
 		 },
-		 [](void *p, size_t len) {
+		 [](void *p, size_t len, bool &) {
 			 std::free(p);
 			 void *q = std::malloc(len);
 			 if (!q)
@@ -281,19 +284,59 @@ std::vector<FreeMethod> free_methods()
 		 [](void *p, size_t) { std::free(p); }},
 		{"munmap system call made directly + mmap() (as a runtime such as Go's does)",
 		 at_slot,
-		 [](void *p, size_t len) {
+		 [](void *p, size_t len, bool &) {
 			 syscall(SYS_munmap, p, len);
 			 return map_at(p, len);
 		 },
 		 unmap},
 		{"madvise(MADV_DONTNEED): new pages at the same address", at_slot,
-		 [](void *p, size_t len) {
+		 [](void *p, size_t len, bool &) {
 			 madvise(p, len, MADV_DONTNEED);
 			 return p;
 		 },
 		 unmap},
+		{"process_madvise(MADV_DONTNEED) on itself: new pages, no hook sees it", at_slot,
+		 [](void *p, size_t len, bool &) {
+			 if (int e = raw_free::process_madvise_self(p, len, MADV_DONTNEED))
+				 throw verbs::Error("process_madvise", e);
+			 return p;
+		 },
+		 unmap},
+		{"io_uring IORING_OP_MADVISE(MADV_DONTNEED): new pages, no hook sees it", at_slot,
+		 [](void *p, size_t len, bool &) {
+			 if (int e = raw_free::madvise_by_io_uring(p, len, MADV_DONTNEED))
+				 throw verbs::Error("IORING_OP_MADVISE", e);
+			 return p;
+		 },
+		 unmap},
+		{"UFFDIO_MOVE of its pages elsewhere (as a moving garbage collector): new pages",
+		 at_slot,
+		 [](void *p, size_t len, bool &kept) {
+			 int e = raw_free::move_away_by_uffd(p, len);
+			 if (e && e != EBUSY)
+				 throw verbs::Error("UFFDIO_MOVE", e);
+			 kept = e == EBUSY;
+			 return p;
+		 },
+		 unmap},
+		{"MAP_DROPPABLE buffer reclaimed (MADV_PAGEOUT by process_madvise): new pages",
+		 [](size_t i, size_t len) {
+			 void *p = raw_free::map_droppable(slot(i), len);
+			 if (p != slot(i))
+				 throw verbs::Error("mmap(MAP_DROPPABLE)",
+						    p == MAP_FAILED ? errno : EEXIST);
+			 return p;
+		 },
+		 [](void *p, size_t len, bool &kept) {
+			 bool dropped = false;
+			 if (int e = raw_free::drop_droppable(p, len, dropped))
+				 throw verbs::Error("MADV_PAGEOUT", e);
+			 kept = !dropped;
+			 return p;
+		 },
+		 unmap},
 		{"mremap() the buffer away + mmap() at its old address", at_slot,
-		 [](void *p, size_t len) {
+		 [](void *p, size_t len, bool &) {
 			 // Moved 4 GiB up, clear of the slots (a move to the same size
 			 // would not happen without a destination), and dropped at once:
 			 // only the old address matters.
@@ -321,7 +364,7 @@ void bench_stale(Report &rep, const Options &o, CacheUnderTest &c,
 		if (starting)
 			starting(group);
 		std::vector<double> samples;
-		uint64_t stale = 0, checked = 0, moved = 0;
+		uint64_t stale = 0, checked = 0, moved = 0, kept = 0;
 		for (unsigned r = 0; r < o.reps; r++) {
 			std::vector<void *> bufs(n);
 			std::vector<uint32_t> keys(n);
@@ -334,11 +377,14 @@ void bench_stale(Report &rep, const Options &o, CacheUnderTest &c,
 			}
 			auto t0 = std::chrono::steady_clock::now();
 			for (size_t i = 0; i < n; i++) {
-				void *p = m.replace(bufs[i], len);
+				bool declined = false;
+				void *p = m.replace(bufs[i], len, declined);
 				std::memset(p, 2, len);
 				CacheHit h = c.get(p, len);
 				if (p != bufs[i]) {
 					moved++; // not the classic failure: nothing to judge
+				} else if (declined) {
+					kept++; // the same pages: the registration is right
 				} else {
 					checked++;
 					stale += h.key == keys[i];
@@ -354,6 +400,9 @@ void bench_stale(Report &rep, const Options &o, CacheUnderTest &c,
 				   " stale registrations handed out";
 		if (moved)
 			note += " (" + std::to_string(moved) + " new buffers landed elsewhere)";
+		if (kept)
+			note += " (" + std::to_string(kept) +
+				" times the kernel kept the pinned pages: nothing to judge)";
 		rep.add({group, w, c.name(), spread_of(samples), "pinned+memwatch/" + w, note});
 	}
 }

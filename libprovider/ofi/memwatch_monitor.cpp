@@ -166,6 +166,17 @@ private:
 			m.thread_ = std::make_unique<std::thread>([&m] { m.event_loop(); });
 		} catch (const odpwatch::verbs::Error &e) {
 			m.mw_.reset();
+			// libfabric then runs without its MR cache, and says so
+			// only at FI_LOG_LEVEL=warn: whoever preloaded memwatch
+			// hears why, once per process.
+			static std::once_flag said;
+			std::call_once(said, [&e] {
+				std::fprintf(
+					stderr,
+					"odpwatch-ofi: the memwatch monitor did not start (%s): "
+					"libfabric's MR cache is off\n",
+					e.what());
+			});
 			return -e.err();
 		} catch (...) {
 			m.mw_.reset();

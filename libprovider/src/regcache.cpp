@@ -61,6 +61,16 @@ uintptr_t page_size()
 constexpr unsigned remote_access =
 	IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
 
+// memwatch_create()'s answers that hold for the rest of the process: no
+// memwatch in the kernel (EOPNOTSUPP), or refused to this process (EPERM:
+// a seccomp filter, as container runtimes install, or the administrator's
+// vm.unprivileged_memwatch). Anything else (out of descriptors, of memory)
+// may pass: try again next time.
+bool memwatch_final(int err)
+{
+	return err == EOPNOTSUPP || err == EPERM;
+}
+
 // A registration asked for with remote access has its rkey handed to a
 // peer: the peer must reach the pages asked for and no others, with the
 // access asked for and no more, and only while they are the memory that was
@@ -769,15 +779,23 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 					}
 					return result;
 				}
-				if (!mw_ && policy == Policy::Pinned)
-					mw_ = std::make_unique<Memwatch>();
+				if (!mw_ && policy == Policy::Pinned) {
+					if (no_memwatch_)
+						throw verbs::Error("memwatch", EOPNOTSUPP);
+					try {
+						mw_ = std::make_unique<Memwatch>();
+					} catch (const verbs::Error &e) {
+						no_memwatch_ = memwatch_final(e.err());
+						throw verbs::Error("memwatch", no_memwatch_
+										       ? EOPNOTSUPP
+										       : e.err());
+					}
+				}
 				if (!mw_ && !no_memwatch_ && exposed(access)) {
 					try {
 						mw_ = std::make_unique<Memwatch>();
 					} catch (const verbs::Error &e) {
-						// Only a kernel without memwatch is
-						// final; anything else, try next time.
-						no_memwatch_ = e.err() == EOPNOTSUPP;
+						no_memwatch_ = memwatch_final(e.err());
 					}
 				}
 				// A union registered max_union_passes times and

@@ -141,7 +141,7 @@ private:
 	std::unordered_map<uint32_t, Entry *> by_watch_;
 	std::map<ibv_pd *, Policy> pd_policy_;
 	std::unique_ptr<Memwatch> mw_;
-	bool no_memwatch_ = false; // no memwatch in this kernel: exposed ODP is not kept
+	bool no_memwatch_ = false; // none in this kernel, or refused: exposed ODP is not kept
 	std::atomic<bool> drain_pending_{false}; // a drain found the lock taken
 	uint64_t bytes_ = 0;
 

@@ -9,8 +9,23 @@
 //             (no hook sees either)
 //   madvise   madvise(MADV_DONTNEED), pages zeroed and refaulted
 //   mremap    mremap() away, then munmap() there
+//   process_madvise  MADV_DONTNEED through process_madvise() on itself
+//   io_uring  MADV_DONTNEED as an io_uring request (IORING_OP_MADVISE)
+//   uffd_move the pages moved away by userfaultfd's UFFDIO_MOVE
+//   droppable a MAP_DROPPABLE buffer whose pages are reclaimed
+//   free      free() and malloc() again (the C library, or a sanitizer's
+//             allocator in an instrumented build, unmaps the chunk)
+// (process_madvise to droppable by system calls no hook sees, raw_free.hpp;
+// the kernel declines uffd_move and droppable on pinned pages)
 // Prints, on rank 1, one line: "stale_send: way=W size=S messages=N
-// corrupt=C" (C messages had a word other than their iteration number).
+// corrupt=C" (C messages had a word other than their iteration number);
+// on rank 0: "stale_send: sender way=W not_freed=F elsewhere=E" (F times
+// the kernel kept the pages: a move refused, pages not dropped; E times
+// malloc() put the next buffer at another address, where no stale
+// registration can be).
+#include "raw_free.hpp"
+
+#include <malloc.h>
 #include <mpi.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -52,7 +67,8 @@ uint64_t *map_at(void *where, size_t size, bool raw = false)
 }
 
 // Frees rank 0's buffer one way; returns the buffer for the next message.
-uint64_t *free_and_remap(std::string_view way, uint64_t *buf, size_t size)
+// Counts in @not_freed a free the kernel declined.
+uint64_t *free_and_remap(std::string_view way, uint64_t *buf, size_t size, int &not_freed)
 {
 	if (way == "munmap") {
 		if (munmap(buf, size))
@@ -65,6 +81,32 @@ uint64_t *free_and_remap(std::string_view way, uint64_t *buf, size_t size)
 		if (madvise(buf, size, MADV_DONTNEED))
 			die("madvise");
 		return buf; // still mapped: new pages on the next write
+	} else if (way == "process_madvise" || way == "io_uring") {
+		errno = way == "io_uring"
+				? raw_free::madvise_by_io_uring(buf, size, MADV_DONTNEED)
+				: raw_free::process_madvise_self(buf, size, MADV_DONTNEED);
+		if (errno)
+			die(way == "io_uring" ? "IORING_OP_MADVISE" : "process_madvise");
+		return buf;
+	} else if (way == "uffd_move") {
+		errno = raw_free::move_away_by_uffd(buf, size);
+		if (errno == EBUSY)
+			not_freed++;
+		else if (errno)
+			die("UFFDIO_MOVE");
+		return buf;
+	} else if (way == "droppable") {
+		bool dropped = false;
+		if ((errno = raw_free::drop_droppable(buf, size, dropped)))
+			die("MADV_PAGEOUT of the droppable buffer");
+		not_freed += !dropped;
+		return buf;
+	} else if (way == "free") {
+		std::free(buf);
+		auto *p = static_cast<uint64_t *>(std::malloc(size));
+		if (!p)
+			die("malloc");
+		return p;
 	} else if (way == "mremap") {
 		void *p = mremap(buf, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, moved_address);
 		if (p == MAP_FAILED || munmap(p, size))
@@ -75,7 +117,9 @@ uint64_t *free_and_remap(std::string_view way, uint64_t *buf, size_t size)
 
 int usage()
 {
-	std::fprintf(stderr, "usage: stale_send munmap|syscall|madvise|mremap SIZE COUNT\n");
+	std::fprintf(stderr, "usage: stale_send "
+			     "munmap|syscall|madvise|mremap|process_madvise|io_uring|uffd_move|"
+			     "droppable|free SIZE COUNT\n");
 	return 2;
 }
 
@@ -91,7 +135,9 @@ int main(int argc, char **argv)
 	const size_t size = argc == 4 ? std::strtoull(argv[2], nullptr, 0) : 0;
 	const int count = argc == 4 ? std::atoi(argv[3]) : 0;
 	if (ranks != 2 || size < sizeof(uint64_t) || size % sizeof(uint64_t) || count < 1 ||
-	    (way != "munmap" && way != "syscall" && way != "madvise" && way != "mremap")) {
+	    (way != "munmap" && way != "syscall" && way != "madvise" && way != "mremap" &&
+	     way != "process_madvise" && way != "io_uring" && way != "uffd_move" &&
+	     way != "droppable" && way != "free")) {
 		if (rank == 0)
 			usage();
 		MPI_Finalize();
@@ -100,14 +146,37 @@ int main(int argc, char **argv)
 	const size_t words = size / sizeof(uint64_t);
 	int corrupt = 0;
 	if (rank == 0) {
-		uint64_t *buf = map_at(fixed_address, size);
+		uint64_t *buf = nullptr;
+		if (way == "free") {
+			// Every chunk this size from mmap, given back by munmap
+			// (glibc would raise the threshold after the first free).
+			mallopt(M_MMAP_THRESHOLD, 128 << 10);
+			buf = static_cast<uint64_t *>(std::malloc(size));
+			if (!buf)
+				die("malloc");
+		} else {
+			buf = way == "droppable" ? static_cast<uint64_t *>(raw_free::map_droppable(
+							   fixed_address, size))
+						 : map_at(fixed_address, size);
+			if (buf != fixed_address)
+				die("mmap (MAP_DROPPABLE) at the fixed address");
+		}
+		int not_freed = 0, elsewhere = 0;
 		for (int i = 0; i < count; i++) {
 			for (size_t w = 0; w < words; w++)
 				buf[w] = uint64_t(i);
 			MPI_Send(buf, int(size), MPI_BYTE, 1, 0, MPI_COMM_WORLD);
-			buf = free_and_remap(way, buf, size);
+			uint64_t *was = buf;
+			buf = free_and_remap(way, buf, size, not_freed);
+			elsewhere += buf != was;
 		}
-		munmap(buf, size);
+		if (way == "free")
+			std::free(buf);
+		else
+			munmap(buf, size);
+		std::printf("stale_send: sender way=%.*s not_freed=%d elsewhere=%d\n",
+			    int(way.size()), way.data(), not_freed, elsewhere);
+		std::fflush(stdout);
 	} else {
 		std::vector<uint64_t> got(words);
 		uint64_t first_bad = 0;

@@ -44,6 +44,7 @@ MEMWATCH_OFI = {"LD_PRELOAD": "/out/guest/lib/libodpwatch-ofi-preload.so",
 ODP_OFI = {"FI_VERBS_USE_ODP": "1"}
 
 RESULT = re.compile(r"stale_send: way=(\w+) size=(\d+) messages=(\d+) corrupt=(\d+)")
+SENDER = re.compile(r"stale_send: sender way=(\w+) not_freed=(\d+) elsewhere=(\d+)")
 
 
 def run(cmd, env=None, timeout=300):
@@ -78,24 +79,42 @@ def mpich(program, args, env):
 
 def stale_send(mpi, way, size, count, env, **kw):
     """Run stale_send with Open MPI ("openmpi") or MPICH ("mpich"); the
-    number of corrupt messages rank 1 saw."""
-    program = f"{BIN}/stale_send.{mpi}"
+    number of corrupt messages rank 1 saw. (How many times the kernel kept
+    the pages, refusing a move or not dropping them, is in last_not_freed.)"""
+    asan = kw.pop("asan", False)  # False, or the ASAN_OPTIONS of a run of the ASan build
+    program = f"{BIN}/stale_send.{'asan.' if asan else ''}{mpi}"
     args = [way, str(size), str(count)]
-    global last_output
+    if asan:
+        # MPI's allocations live to the end: leaks are not this test's.
+        # Open MPI's memory patcher rewrites mprotect(), which ASan
+        # intercepts, and the rank dies in MPI_Init (SIGILL): off, as an
+        # ASan user of Open MPI must turn it.
+        env = {**env, "ASAN_OPTIONS": f"detect_leaks=0:{asan}", "OMPI_MCA_memory": "^patcher"}
+    deny = kw.pop("deny", None)
+    if deny:
+        # Each rank under a seccomp filter answering @deny with EPERM, as a
+        # container runtime's profile answers what it does not allow.
+        program, args = f"{BIN}/odpwatch-seccomp-deny", ["EPERM", deny, program] + args
+    global last_output, last_not_freed, last_elsewhere
     out, rc = (openmpi if mpi == "openmpi" else mpich)(program, args, env, **kw)
     last_output = out
-    m = RESULT.search(out)
-    assert rc == 0 and m, f"{mpi} stale_send {' '.join(args)}: status {rc}\n{out[-3000:]}"
-    assert (m[1], int(m[2]), int(m[3])) == (way, size, count), m[0]
+    m, sender = RESULT.search(out), SENDER.search(out)
+    assert rc == 0 and m and sender, f"{mpi} stale_send {' '.join(args)}: status {rc}\n{out[-3000:]}"
+    assert (m[1], int(m[2]), int(m[3])) == (way, size, count) and sender[1] == way, m[0]
+    last_not_freed, last_elsewhere = int(sender[2]), int(sender[3])
     on_demand = ODP.items() <= env.items() or ODP_OFI.items() <= env.items()
     memwatch = MEMWATCH_OFI["LD_PRELOAD"] == env.get("LD_PRELOAD")
-    record(mpi, {"cm": "cm (mtl ofi)"}.get(kw.get("pml"), kw.get("pml", "ucx")),
-           "on demand" if on_demand else "pinned + memwatch" if memwatch else "pinned",
-           way, size, count, int(m[4]))
+    record(mpi + (f" (ASan build, {asan})" if asan else ""),
+           {"cm": "cm (mtl ofi)"}.get(kw.get("pml"), kw.get("pml", "ucx")),
+           ("on demand" if on_demand else "pinned + memwatch" if memwatch else "pinned")
+           + (f" ({deny} refused by seccomp)" if deny else ""),
+           way, size, count, int(m[4]), last_not_freed, last_elsewhere)
     return int(m[4])
 
 
 last_output = ""  # of the last stale_send run
+last_not_freed = 0
+last_elsewhere = 0  # times the next buffer landed at another address (way "free")
 def ofi_monitor_stats(out):
     """The memwatch monitor's counters each rank printed at exit, summed."""
     rows = re.findall(r"odpwatch-ofi: stats subscribes=(\d+) hits=(\d+) stale=(\d+)", out)

@@ -7,13 +7,21 @@ there; rank 1 counts the messages that did not carry their own data. UCX
 keeps registrations in a cache that learns of frees through hooks on the C
 library (its ucm module): a free the hooks cannot see leaves a registration
 of the old pages in the cache, and the next message sends them."""
+import re
+
 import pytest
 
 import conftest
 from conftest import MEMWATCH_OFI, ODP, ODP_OFI, OFI, UCX, ofi_monitor_stats, run, stale_send
 
 MiB = 1 << 20
-WAYS = ("munmap", "syscall", "madvise", "mremap")
+WAYS = ("munmap", "syscall", "madvise", "mremap", "process_madvise", "io_uring", "uffd_move", "droppable")
+# The ways no hook on the C library sees: system calls made directly, and
+# madvise() through a pidfd or an io_uring request.
+UNHOOKED = ("syscall", "process_madvise", "io_uring")
+# The ways the kernel declines on a pinned page: a userfaultfd move
+# (EBUSY), and reclaim of a MAP_DROPPABLE page.
+DECLINED_IF_PINNED = ("uffd_move", "droppable")
 
 
 def test_ucx_sees_rxe_with_on_demand_registration():
@@ -30,13 +38,17 @@ def test_ucx_sees_rxe_with_on_demand_registration():
 @pytest.mark.parametrize("way", WAYS)
 def test_openmpi_ucx_pinned(way):
     """Pinned registrations: the hooks catch every free through the C
-    library; the raw system calls (as Go's runtime makes them) go unseen,
-    and nearly every message after the first carries the first buffer."""
+    library; the raw system calls (as Go's runtime makes them) and madvise()
+    through process_madvise() or io_uring go unseen, and nearly every
+    message after the first carries the first buffer."""
     corrupt = stale_send("openmpi", way, MiB, 100, UCX)
-    if way == "syscall":
+    if way in UNHOOKED:
         assert corrupt >= 90, f"{corrupt} of 100 corrupt: the stale registration did not show"
     else:
         assert corrupt == 0
+    if way in DECLINED_IF_PINNED:
+        # The cached registration pins the buffer: the kernel keeps its pages.
+        assert conftest.last_not_freed >= 90, f"freed {100 - conftest.last_not_freed} times of 100"
 
 
 @pytest.mark.parametrize("way", WAYS)
@@ -47,6 +59,52 @@ def test_openmpi_ucx_on_demand(way, odp_sampler):
         corrupt = stale_send("openmpi", way, MiB, 200, {**UCX, **ODP})
     assert corrupt == 0
     assert odp_sampler.most >= 1, f"no MR on demand in {odp_sampler.samples} samples"
+    # Nothing pins the buffer: every move and every reclaim happens.
+    assert conftest.last_not_freed == 0
+
+
+# AddressSanitizer's allocator maps and unmaps with system calls of its
+# own, which no hook on the C library sees; by default it holds freed
+# memory in quarantine (256 MiB), so a new buffer lands elsewhere until the
+# quarantine recycles it; without quarantine the next buffer lands at once
+# where the last one was. (verify_asan_link_order=0: a preloaded monitor
+# comes before the sanitizer's runtime.)
+ASAN = {"plain": False, "asan": "verify_asan_link_order=0",
+        "asan-no-quarantine": "verify_asan_link_order=0:quarantine_size_mb=0"}
+
+
+@pytest.mark.parametrize("build", ASAN)
+def test_openmpi_ucx_pinned_free_and_malloc(build):
+    """free() and malloc() of the 1 MiB buffer: the C library's munmap()
+    inside free() is seen by UCX's hooks; AddressSanitizer's is not, and
+    once a new buffer lands where the freed one was, nearly every message
+    carries the first buffer's bytes."""
+    corrupt = stale_send("openmpi", "free", MiB, 100, UCX, asan=ASAN[build])
+    elsewhere = conftest.last_elsewhere
+    if build == "asan":
+        # Quarantine: every new buffer elsewhere, nothing to judge.
+        assert elsewhere >= 90 and corrupt == 0, (corrupt, elsewhere)
+    elif build == "asan-no-quarantine":
+        assert elsewhere == 0 and corrupt >= 90, (corrupt, elsewhere)
+    else:
+        assert elsewhere == 0 and corrupt == 0, (corrupt, elsewhere)
+
+
+def test_openmpi_ucx_on_demand_asan(odp_sampler):
+    """The same ASan program, registrations on demand: 0 corrupt."""
+    with odp_sampler:
+        corrupt = stale_send("openmpi", "free", MiB, 200, {**UCX, **ODP}, asan=ASAN["asan-no-quarantine"])
+    assert conftest.last_elsewhere == 0 and corrupt == 0
+
+
+def test_openmpi_ofi_memwatch_monitor_asan():
+    """The same ASan program over libfabric with memwatch as its monitor:
+    memwatch sees the sanitizer's munmap like any other; 0 corrupt."""
+    corrupt = stale_send("openmpi", "free", MiB, 200, {**OFI, **MEMWATCH_OFI}, pml="cm",
+                         asan=ASAN["asan-no-quarantine"])
+    assert conftest.last_elsewhere == 0 and corrupt == 0
+    stats = ofi_monitor_stats(conftest.last_output)
+    assert stats["ranks"] == 2 and stats["subscribes"] >= 1, stats
 
 
 def test_openmpi_ucx_eager_messages_are_copied():
@@ -70,11 +128,12 @@ def test_mpich_ucx_on_demand(odp_sampler):
     assert odp_sampler.most >= 1
 
 
-def test_openmpi_ofi_pinned_raw_free_is_stale():
+@pytest.mark.parametrize("way", UNHOOKED)
+def test_openmpi_ofi_pinned_raw_free_is_stale(way):
     """Open MPI over libfabric (verbs;ofi_rxm), libfabric's MR cache with the
-    monitor Open MPI imports (its patcher): the raw system calls go unseen
-    there too."""
-    corrupt = stale_send("openmpi", "syscall", MiB, 100, OFI, pml="cm")
+    monitor Open MPI imports (its patcher): the raw system calls and
+    madvise() through process_madvise() or io_uring go unseen there too."""
+    corrupt = stale_send("openmpi", way, MiB, 100, OFI, pml="cm")
     assert corrupt >= 90, f"{corrupt} of 100 corrupt: the stale registration did not show"
 
 
@@ -88,6 +147,22 @@ def test_openmpi_ofi_memwatch_monitor(way):
     stats = ofi_monitor_stats(conftest.last_output)
     assert stats["ranks"] == 2 and stats["subscribes"] >= 1, conftest.last_output[-2000:]
     assert stats["hits"] >= 100, stats
+
+
+def test_openmpi_ofi_memwatch_monitor_refused_by_seccomp():
+    """The same in a container whose seccomp profile answers memwatch with
+    EPERM: each rank's monitor says once why it did not start, and
+    libfabric runs with its MR cache off; no message corrupt, no rank
+    crashed."""
+    corrupt = stale_send("openmpi", "syscall", MiB, 100, {**OFI, **MEMWATCH_OFI}, pml="cm",
+                         deny="memwatch_create")
+    out = conftest.last_output
+    assert corrupt == 0
+    said = re.findall(r"odpwatch-ofi: the memwatch monitor did not start \((.*)\): "
+                      r"libfabric's MR cache is off", out)
+    assert len(said) == 2 and all("Operation not permitted" in w for w in said), out[-3000:]
+    stats = ofi_monitor_stats(out)
+    assert stats["ranks"] == 2 and stats["subscribes"] == 0, stats
 
 
 @pytest.mark.parametrize("way", WAYS)

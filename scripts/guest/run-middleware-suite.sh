@@ -10,9 +10,10 @@ say() { echo "odpwatch: $*" >/dev/console; }
 say "suite middleware: running against $ODPWATCH_PEER"
 cd /odpwatch/middleware/tests || exit 1
 # Each stale_send run adds a line: mpi, pml, registrations, way, size,
-# messages, corrupt.
+# messages, corrupt, how many frees the kernel declined (not_freed), how
+# many new buffers landed at another address (elsewhere).
 export ODPWATCH_MIDDLEWARE_MATRIX=$dir/matrix.tsv
-printf 'mpi\tpml\tregistrations\tway\tsize\tmessages\tcorrupt\n' >"$ODPWATCH_MIDDLEWARE_MATRIX"
+printf 'mpi\tpml\tregistrations\tway\tsize\tmessages\tcorrupt\tnot_freed\telsewhere\n' >"$ODPWATCH_MIDDLEWARE_MATRIX"
 python3 -m pytest -v -p no:cacheprovider -o console_output_style=classic --timeout=600 \
 	--ignore=examples --junitxml="$dir/middleware.xml" . >"$dir/middleware.log" 2>&1
 rc=$?
