@@ -21,13 +21,18 @@ run_with_progress "guest: kselftests" "$OUT/guest/selftests-build.log" last_line
 
 # The base kernel's own mm kselftests (upstream's, untouched by our series),
 # installed apart: configs/upstream-kselftests.list says which run.
-log "guest: upstream mm kselftests"
+log "guest: upstream mm and rdma kselftests"
 rm -rf "$OUT/guest/upstream-kselftests"
-run_with_progress "guest: upstream mm kselftests" "$OUT/guest/upstream-kselftests-build.log" last_line \
-	run make -s -j"$(nproc)" -C /kernel/src/tools/testing/selftests TARGETS=mm \
+run_with_progress "guest: upstream mm and rdma kselftests" "$OUT/guest/upstream-kselftests-build.log" last_line \
+	run make -s -j"$(nproc)" -C /kernel/src/tools/testing/selftests TARGETS="mm rdma" \
 	O=/out/guest/upstream-kselftests-build KHDR_INCLUDES="-isystem /kernel/build/usr/include" \
 	INSTALL_PATH=/out/guest/upstream-kselftests install ||
-	{ tail -30 "$OUT/guest/upstream-kselftests-build.log" >&2; die "upstream mm kselftests do not build; log: $OUT/guest/upstream-kselftests-build.log"; }
+	{ tail -30 "$OUT/guest/upstream-kselftests-build.log" >&2; die "upstream mm and rdma kselftests do not build; log: $OUT/guest/upstream-kselftests-build.log"; }
+# The kernel's built-in modules, for kmod in the guest (the rdma kselftests
+# modprobe what they use).
+run sh -c 'mkdir -p /out/guest/kernel-modules &&
+	cp /kernel/build/modules.builtin /kernel/build/modules.builtin.modinfo /out/guest/kernel-modules/' ||
+	die "no modules.builtin in the kernel build"
 # mm's check_config.sh writes its results into the source tree, whatever O=
 # says: the tree must stay the one the series yield (the series check).
 rm -f "$ksrc/tools/testing/selftests/mm/local_config.h_gen" "$ksrc/tools/testing/selftests/mm/local_config.mk"

@@ -1,9 +1,10 @@
 #!/bin/sh
-# The base kernel's mm kselftests (configs/upstream-kselftests.list), in the
-# kselftest runner's nested KTAP, which collect-results.py reads as the
-# upstream-kselftests suite: "1..N", then per entry "# selftests: mm: LABEL",
-# the binary's output with "# " before each line, and a verdict "ok|not ok
-# I selftests: mm: LABEL" (exit 4 is a skip, as the runner says it).
+# The base kernel's mm and rdma kselftests (configs/upstream-kselftests.list),
+# in the kselftest runner's nested KTAP, which collect-results.py reads as
+# the upstream-kselftests suite: "1..N", then per entry "# selftests: DIR:
+# LABEL", the binary's output with "# " before each line, and a verdict
+# "ok|not ok I selftests: DIR: LABEL" (exit 4 is a skip, as the runner says
+# it). DIR is mm unless the entry's label names it ("rdma/LABEL").
 #   run-upstream-kselftests.sh LIST OUTPUT
 list=$1 out=$2
 say() { echo "odpwatch: $*"; }
@@ -14,7 +15,7 @@ TIMEOUT=${UPSTREAM_KSELFTEST_TIMEOUT:-180}
 # shared writable mappings).
 rm -rf /tmp/upstream-kselftests
 cp -a /out/guest/upstream-kselftests /tmp/upstream-kselftests || exit 1
-cd /tmp/upstream-kselftests/mm || exit 1
+cd /tmp/upstream-kselftests || exit 1
 # khugepaged's and cow's swap cases need swap: zram, off and reset after.
 swap=no
 if echo 256M >/sys/block/zram0/disksize; then
@@ -49,6 +50,35 @@ restore() {
 }
 snapshot >/tmp/upstream-kselftests.knobs
 
+# The rdma tests make rxe devices of their own, on dummy and veth devices
+# in network namespaces, and load the modules they use with modprobe. The
+# guest's rxe0 goes first (and comes back after them); kmod learns the
+# kernel's built-in modules, which a normal system lists in /lib/modules
+# (the guest's read-only root has none), from a directory of its own.
+rdma_ready=no
+rdma_setup() {
+	[ $rdma_ready = yes ] && return
+	rdma_ready=yes
+	v=$(uname -r) root=/tmp/kmod-root
+	mkdir -p "$root/lib/modules/$v" /tmp/kmod-bin
+	if ! cp /out/guest/kernel-modules/modules.builtin* "$root/lib/modules/$v/" ||
+		! touch "$root/lib/modules/$v/modules.order" || ! depmod -b "$root" "$v"; then
+		say "upstream kselftests: no modules.builtin for kmod; the rdma tests will skip"
+	fi
+	printf '#!/bin/sh\nexec /usr/sbin/modprobe -d %s "$@"\n' "$root" >/tmp/kmod-bin/modprobe
+	printf '#!/bin/sh\nexec /usr/sbin/modinfo -b %s "$@"\n' "$root" >/tmp/kmod-bin/modinfo
+	chmod +x /tmp/kmod-bin/modprobe /tmp/kmod-bin/modinfo
+	PATH=/tmp/kmod-bin:$PATH
+	rdma link del rxe0 2>/dev/null
+}
+rdma_restore() {
+	[ $rdma_ready = yes ] || return 0
+	rdma system show | grep -q 'netns shared' || rdma system set netns shared ||
+		say "upstream kselftests: the RDMA netns mode was left $(rdma system show)"
+	rdma link show rxe0 >/dev/null 2>&1 || rdma link add rxe0 type rxe netdev dummy0 ||
+		say "upstream kselftests: rxe0 did not come back on dummy0"
+}
+
 entries=$(grep -cv '^\(#\|$\)' "$list")
 echo "TAP version 13" >"$out"
 echo "1..$entries" >>"$out"
@@ -67,12 +97,15 @@ while IFS= read -r line; do
 		label=${label%% *}
 		;;
 	esac
-	echo "# selftests: mm: $label" >>"$out"
+	dir=mm
+	case $label in */*) dir=${label%%/*} label=${label#*/} ;; esac
+	[ "$dir" = rdma ] && rdma_setup
+	echo "# selftests: $dir: $label" >>"$out"
 	t0=$(date +%s) attempt=0
 	while :; do
 		attempt=$((attempt + 1))
 		# shellcheck disable=SC2086 # the command's words
-		timeout -k 10 "$limit" $cmd </dev/null >/tmp/upstream-kselftest.out 2>&1
+		(cd "$dir" && exec timeout -k 10 "$limit" $cmd) </dev/null >/tmp/upstream-kselftest.out 2>&1
 		rc=$?
 		restore /tmp/upstream-kselftests.knobs
 		# A listed race may fail an attempt (exit 1: not a crash, not a
@@ -90,12 +123,13 @@ while IFS= read -r line; do
 	awk '{ print "# " $0 }' /tmp/upstream-kselftest.out >>"$out"
 	echo "# $label took $(($(date +%s) - t0)) s" >>"$out"
 	case $rc in
-	0) echo "ok $i selftests: mm: $label" >>"$out" ;;
-	4) echo "ok $i selftests: mm: $label # SKIP" >>"$out" ;;
-	124 | 137) echo "not ok $i selftests: mm: $label # TIMEOUT $limit seconds" >>"$out" ;;
-	*) echo "not ok $i selftests: mm: $label # exit=$rc" >>"$out" ;;
+	0) echo "ok $i selftests: $dir: $label" >>"$out" ;;
+	4) echo "ok $i selftests: $dir: $label # SKIP" >>"$out" ;;
+	124 | 137) echo "not ok $i selftests: $dir: $label # TIMEOUT $limit seconds" >>"$out" ;;
+	*) echo "not ok $i selftests: $dir: $label # exit=$rc" >>"$out" ;;
 	esac
 done </tmp/upstream-kselftests.list
+rdma_restore
 
 if [ $swap = yes ]; then
 	if ! swapoff /dev/zram0 || ! echo 1 >/sys/block/zram0/reset; then
