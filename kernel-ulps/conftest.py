@@ -11,6 +11,7 @@ runs with the roles swapped."""
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 
@@ -40,20 +41,25 @@ class Node:
 
     def run(self, cmd, timeout=120, check=True):
         """@cmd's output (stdout and stderr) and status; a failure (when
-        @check) or a timeout fails the test, naming the node."""
+        @check) or a timeout fails the test, naming the node. A command
+        that times out is killed with everything it started (its process
+        group: a shell's fio or cp, not only the shell)."""
+        p = self.start(cmd)
         try:
-            p = subprocess.run(self.argv(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired as e:
-            pytest.fail(f"{self}: '{cmd}' did not end within {timeout} s:\n{e.output or ''}")
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, _ = p.communicate()
+            pytest.fail(f"{self}: '{cmd}' did not end within {timeout} s:\n{out[-3000:]}")
         if check and p.returncode != 0:
-            pytest.fail(f"{self}: '{cmd}' exited {p.returncode}:\n{p.stdout[-3000:]}")
-        return p.stdout, p.returncode
+            pytest.fail(f"{self}: '{cmd}' exited {p.returncode}:\n{out[-3000:]}")
+        return out, p.returncode
 
     def start(self, cmd):
-        """@cmd in the background; a Popen whose output is text."""
+        """@cmd in the background, in a process group of its own; a Popen
+        whose output is text."""
         return subprocess.Popen(self.argv(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, text=True)
+                                stdin=subprocess.DEVNULL, text=True, start_new_session=True)
 
     def param(self, path):
         return self.run(f"cat {path}")[0].strip()
@@ -122,11 +128,18 @@ def throughput(node, target, rw, size="32M", extra=()):
 
 
 def d_state_tasks(node):
-    """Tasks in uninterruptible sleep: their PID and command."""
-    out, _ = node.run("for f in /proc/[0-9]*/stat; do read -r l <$f 2>/dev/null && echo \"$l\"; done",
-                      check=False)
-    return [" ".join(line.split()[:2]) for line in out.splitlines()
-            if len(line.split()) > 2 and line.split(")")[-1].split()[0] == "D"]
+    """Tasks in uninterruptible sleep in two looks 3 s apart (one look also
+    catches a task passing through I/O): their PID and command."""
+    def look():
+        out, _ = node.run("for f in /proc/[0-9]*/stat; do read -r l <$f 2>/dev/null && echo \"$l\"; done",
+                          check=False)
+        return {" ".join(line.split()[:2]) for line in out.splitlines()
+                if len(line.split()) > 2 and line.split(")")[-1].split()[0] == "D"}
+    first = look()
+    if not first:
+        return []
+    time.sleep(3)
+    return sorted(first & look())
 
 
 def wait_for(what, cond, limit, step=0.5):

@@ -12,6 +12,7 @@ S=$C/subsystems/$NQN
 case $1 in
 setup)
 	mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config
+	"$0" teardown # what a failed test may have left
 	# Memory-backed: null_blk's default device reads back zeros.
 	mkdir $B
 	echo 64 >$B/size # MiB
@@ -42,18 +43,23 @@ unport)
 	rmdir "$C/ports/$2"
 	;;
 teardown)
-	for p in $C/ports/*; do
+	# Whatever is there, in order; a piece already gone is no error, so a
+	# test that failed half-way leaves the next one a clean target.
+	for p in "$C"/ports/*; do
 		[ -d "$p" ] || continue
 		rm -f "$p/subsystems/$NQN"
-		rmdir "$p"
+		rmdir "$p" || true
 	done
-	for ns in $S/namespaces/*; do
-		echo 0 >"$ns/enable"
-		rmdir "$ns"
+	for ns in "$S"/namespaces/*; do
+		[ -d "$ns" ] || continue
+		echo 0 >"$ns/enable" || true
+		rmdir "$ns" || true
 	done
-	rmdir $S
-	echo 0 >$B/power
-	rmdir $B
+	[ ! -d "$S" ] || rmdir "$S"
+	if [ -d $B ]; then
+		echo 0 >$B/power || true
+		rmdir $B
+	fi
 	rm -f /tmp/ulps-ns2.img
 	;;
 *)

@@ -5,7 +5,10 @@ and verified by fio, once with the target's queues on one shared receive
 queue (use_srq) and once without; the same over TCP for the comparison; a
 target that goes away in the middle of I/O, and comes back."""
 import json
+import os
 import re
+import signal
+import subprocess
 import time
 import uuid
 
@@ -17,9 +20,10 @@ from conftest import NQN, d_state_tasks, record, throughput, verify, wait_for
 # of run.sh's kernel-ulps stage).
 TARGET_OF = {"srq_off": 1, "srq_on": 0}
 # A controller that loses its target gives up on I/O after FAST_FAIL
-# seconds and on itself after LOSS; keep-alive every 30 s, not 5: a guest
-# under TCG beside another can be late by seconds.
-FAST_FAIL, LOSS = 5, 20
+# seconds and on itself after LOSS (reconnect attempts a second apart);
+# keep-alive every 30 s, not 5: a guest under TCG beside another can be
+# late by seconds.
+FAST_FAIL, LOSS = 5, 30
 
 
 def nvme_connect(host, target, trtype="rdma", svcid=4420, extra=""):
@@ -97,11 +101,11 @@ class TestSrqOffAndOn:
         return fabric
 
     def test_target_queues_use_srq_as_configured(self, connected):
-        """With use_srq the target's I/O queues share one SRQ (one per
-        completion vector, and a guest has one); without, there is none."""
+        """With use_srq the target's I/O queues share SRQs (one per
+        completion vector: one in a guest of one CPU); without, there is none."""
         srqs = nvmet_srqs(connected["target"])
-        want = 1 if connected["mode"] == "srq_on" else 0
-        assert len(srqs) == want, f"{connected['target']}: nvmet's SRQs {srqs}, want {want}"
+        on = connected["mode"] == "srq_on"
+        assert (len(srqs) >= 1) if on else not srqs, f"{connected['target']}: nvmet's SRQs {srqs}"
 
     @pytest.mark.parametrize("qd", [1, 16, 64])
     def test_random_writes_read_back_verified_null_blk(self, connected, qd):
@@ -118,19 +122,22 @@ class TestSrqOffAndOn:
         record("nvme-rdma", connected["mode"], "file qd16", "bytes verified", n)
 
     def test_disconnect_frees_the_target_queues(self, connected):
-        """nvme disconnect ends within 20 s, and the target lets go of its
-        queues and SRQ. With use_srq each queue's drain waits for rxe's Last
-        WQE Reached event: a missing one costs 60 s per queue."""
+        """nvme disconnect, and the target lets go of its queues and SRQ
+        within 20 s of it. With use_srq each queue's drain waits for rxe's
+        Last WQE Reached event: a missing one costs 60 s per queue, on the
+        target (the host's disconnect does not wait for it)."""
         host, target = connected["host"], connected["target"]
         t0 = time.monotonic()
         host.run(f"nvme disconnect -d {connected['ctrl']}", timeout=120)
-        took = time.monotonic() - t0
+        host_took = time.monotonic() - t0
         connected["ctrl"] = None
-        assert took < 20, f"{host}: nvme disconnect took {took:.1f} s"
         assert not controllers(host, "rdma")
         wait_for(f"{target}: nvmet's SRQ and QPs released", lambda: not nvmet_srqs(target) and "nvmet" not in
-                 target.run("rdma resource show qp", check=False)[0], 30)
-        record("nvme-rdma", connected["mode"], "disconnect", "seconds", f"{took:.1f}")
+                 target.run("rdma resource show qp", check=False)[0], 60)
+        took = time.monotonic() - t0
+        record("nvme-rdma", connected["mode"], "disconnect (host)", "seconds", f"{host_took:.1f}")
+        record("nvme-rdma", connected["mode"], "target queues released", "seconds", f"{took:.1f}")
+        assert took < 20, f"{target}: its queues were released {took:.1f} s after the disconnect"
 
 
 @pytest.mark.parametrize("trtype", ["rdma", "tcp"])
@@ -168,7 +175,7 @@ def test_target_lost_mid_io_then_back(nodes):
         target.run(f"/odpwatch/kernel-ulps/nvmet.sh port 1 rdma {target.addr} 4420")
         ctrl = nvme_connect(host, target, extra=f"--fast_io_fail_tmo={FAST_FAIL}")
         dev = wait_namespaces(host, ctrl)[1]
-        job = host.start(f"cd /tmp && fio --name=lost --filename={dev} --ioengine=libaio --direct=1 "
+        job = host.start(f"cd /tmp && exec fio --name=lost --filename={dev} --ioengine=libaio --direct=1 "
                          f"--rw=randwrite --bs=16k --iodepth=16 --time_based --runtime=120")
         time.sleep(5)
         assert job.poll() is None, f"fio ended before the target went away:\n{job.communicate()[0]}"
@@ -176,13 +183,15 @@ def test_target_lost_mid_io_then_back(nodes):
         t0 = time.monotonic()
         try:
             out, _ = job.communicate(timeout=FAST_FAIL + 40)
-        except Exception:
-            job.kill()
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)
             pytest.fail(f"{host}: fio still running {FAST_FAIL + 40} s after the target went away; "
                         f"tasks in D state: {d_state_tasks(host)}")
         failed_after = time.monotonic() - t0
         assert job.returncode != 0 and re.search(r"error|Input/output", out), \
             f"{host}: fio exited {job.returncode} with the target gone:\n{out[-2000:]}"
+        # fast_io_fail_tmo, and room for a guest under TCG.
+        assert failed_after < FAST_FAIL + 10, f"{host}: I/O failed {failed_after:.1f} s after the target went"
         assert not d_state_tasks(host), f"{host}: tasks in D state: {d_state_tasks(host)}"
         record("nvme-rdma", "target lost", "I/O failed after", "seconds", f"{failed_after:.1f}")
         # Back within ctrl_loss_tmo: the host reconnects on its own.
@@ -193,9 +202,12 @@ def test_target_lost_mid_io_then_back(nodes):
         verify(host, wait_namespaces(host, ctrl)[1], "8M", 16, name="after-reconnect")
         # Gone for good: the controller is deleted after ctrl_loss_tmo.
         target.run("/odpwatch/kernel-ulps/nvmet.sh unport 1")
+        t1 = time.monotonic()
         wait_for(f"{host}: {ctrl} deleted after ctrl_loss_tmo {LOSS} s",
-                 lambda: not controllers(host, "rdma"), LOSS + 30, step=1)
+                 lambda: not controllers(host, "rdma"), 2 * LOSS + 30, step=1)
         ctrl = None
+        record("nvme-rdma", "target gone", "controller deleted after", "seconds",
+               f"{time.monotonic() - t1:.1f}")
         assert not d_state_tasks(host), f"{host}: tasks in D state: {d_state_tasks(host)}"
     finally:
         if ctrl:

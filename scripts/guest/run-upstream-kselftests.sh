@@ -73,8 +73,15 @@ rdma_setup() {
 }
 rdma_restore() {
 	[ $rdma_ready = yes ] || return 0
-	rdma system show | grep -q 'netns shared' || rdma system set netns shared ||
-		say "upstream kselftests: the RDMA netns mode was left $(rdma system show)"
+	# Back to shared: EBUSY until the tests' namespaces are gone, which
+	# takes a while after "ip netns del" returns. The suites after this one
+	# need rxe0 as init made it.
+	n=0
+	until rdma system show | grep -q 'netns shared' || rdma system set netns shared 2>/dev/null; do
+		n=$((n + 1))
+		[ $n -lt 60 ] || { say "upstream kselftests: the RDMA netns mode stays $(rdma system show)"; break; }
+		sleep 1
+	done
 	rdma link show rxe0 >/dev/null 2>&1 || rdma link add rxe0 type rxe netdev dummy0 ||
 		say "upstream kselftests: rxe0 did not come back on dummy0"
 }
