@@ -117,7 +117,7 @@ def parse_size(s):
     return int(m[1]) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m[2]]
 
 
-def throughput(node, target, rw, size="32M", extra=()):
+def throughput(node, target, rw, size="16M", extra=()):
     """Sequential @rw of 128 KiB at queue depth 16 through @target: MiB/s."""
     args = ["--name=bw", f"--filename={target}", "--ioengine=libaio", "--direct=1", f"--rw={rw}",
             "--bs=128k", "--iodepth=16", f"--size={size}", *extra]

@@ -65,16 +65,16 @@ def test_random_writes_read_back_verified(rdma_mount, io):
     O_DIRECT each write is an RPC of its own; buffered, the page cache's
     writeback sends large writes that the server pulls with RDMA READ."""
     extra = ["--direct=0", "--fsync_on_close=1"] if io == "buffered" else []
-    n = verify(rdma_mount, f"{MNT}/fio-{io}", "16M", 16, bs="4k-256k", name=f"nfs-{io}", extra=extra)
+    n = verify(rdma_mount, f"{MNT}/fio-{io}", "8M", 16, bs="4k-256k", name=f"nfs-{io}", extra=extra)
     record("nfs-rdma", io, "random writes qd16", "bytes verified", n)
 
 
 def test_large_copy_matches_on_both_nodes(rdma_mount, server):
-    """64 MiB of random bytes copied onto the mount and read back after a
+    """32 MiB of random bytes copied onto the mount and read back after a
     remount (so from the server, not the client's cache): the checksums on
     the client, through the mount, and on the server's own disk agree."""
     client = rdma_mount
-    client.run("head -c 64M /dev/urandom >/tmp/big")
+    client.run("head -c 32M /dev/urandom >/tmp/big")
     client.run(f"cp /tmp/big {MNT}/big && sync", timeout=300)
     client.run(f"umount {MNT}", timeout=120)
     mount(client, "rdma")
@@ -90,7 +90,7 @@ def test_large_copy_matches_on_both_nodes(rdma_mount, server):
 @pytest.mark.parametrize("proto", ["rdma", "tcp"])
 def test_throughput_beside_tcp(server, nodes, proto):
     """Sequential O_DIRECT writes and reads of 128 KiB at queue depth 16 of
-    a 32 MiB file over each transport on the same wire: recorded in the
+    a 16 MiB file over each transport on the same wire: recorded in the
     suite's table; each must move all its bytes."""
     client = nodes[0]
     was = mounted(client)

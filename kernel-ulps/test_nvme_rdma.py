@@ -112,13 +112,13 @@ class TestSrqOffAndOn:
         """fio's crc32c verification of random writes of 4 to 64 KiB, some
         sent inline with the command and the rest read by the target with RDMA
         READ, on the memory-backed null_blk namespace."""
-        size = "8M" if qd == 1 else "16M"
+        size = "4M" if qd == 1 else "8M"
         n = verify(connected["host"], connected["devs"][1], size, qd)
         record("nvme-rdma", connected["mode"], f"null_blk qd{qd}", "bytes verified", n)
 
     def test_random_writes_read_back_verified_file(self, connected):
         """The same on the file namespace (a file on the target's tmpfs)."""
-        n = verify(connected["host"], connected["devs"][2], "16M", 16, bs="4k-128k")
+        n = verify(connected["host"], connected["devs"][2], "8M", 16, bs="4k-128k")
         record("nvme-rdma", connected["mode"], "file qd16", "bytes verified", n)
 
     def test_disconnect_frees_the_target_queues(self, connected):

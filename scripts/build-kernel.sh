@@ -51,15 +51,17 @@ if [ "$(cat "$build/.odpwatch-config-key" 2>/dev/null)" != "$want" ] || [ ! -f "
 	kmake -s tinyconfig >/dev/null
 	"$src/scripts/kconfig/merge_config.sh" -m -O "$build" "$build/.config" "${frags[@]}" >"$build/merge.log" 2>&1
 	kmake -s olddefconfig >/dev/null
-	# Every option we asked for must have survived olddefconfig.
-	bad=$(cat "${frags[@]}" | grep -E '^CONFIG_|^# CONFIG_.* is not set' | sort -u | while read -r line; do
+	# Every option we asked for must have survived olddefconfig. An option
+	# named twice (kernel.config, then debug.config) keeps the last value.
+	bad=$(cat "${frags[@]}" | grep -E '^CONFIG_|^# CONFIG_.* is not set' |
+		awk '{ opt = $1 == "#" ? $2 : $1; sub(/=.*/, "", opt); last[opt] = $0 }
+			END { for (o in last) print last[o] }' | sort | while read -r line; do
 		case $line in
 		'# '*) opt=${line#\# }; opt=${opt%% *}
 			grep -q "^$opt=" "$build/.config" && echo "$opt (wanted unset)" ;;
 		*) grep -qxF "$line" "$build/.config" || echo "$line" ;;
 		esac
 	done | sort -u)
-	# An option named twice (kernel.config, then debug.config) keeps the last value.
 	bad=$(for o in $bad; do case $o in CONFIG_LOCALVERSION=*) ;; *) echo "$o" ;; esac; done)
 	[ -z "$bad" ] || die "config options that did not take (missing dependency?): $(echo $bad)"
 	echo "$want" >"$build/.odpwatch-config-key"

@@ -20,8 +20,12 @@ WAYS = ("munmap", "syscall", "madvise", "mremap", "process_madvise", "io_uring",
 # madvise() through a pidfd or an io_uring request.
 UNHOOKED = ("syscall", "process_madvise", "io_uring")
 # The ways the kernel declines on a pinned page: a userfaultfd move
-# (EBUSY), and reclaim of a MAP_DROPPABLE page.
+# (EBUSY), and reclaim of a MAP_DROPPABLE page. Shown on UCX's pinned and
+# on-demand registrations; over libfabric they would show the same again
+# (memwatch's pinned pages kept, on demand followed), so they are left out
+# there: each run of the matrix costs about 25 s of the CI's time.
 DECLINED_IF_PINNED = ("uffd_move", "droppable")
+WAYS_OFI = tuple(w for w in WAYS if w not in DECLINED_IF_PINNED)
 
 
 def test_ucx_sees_rxe_with_on_demand_registration():
@@ -69,16 +73,17 @@ def test_openmpi_ucx_on_demand(way, odp_sampler):
 # quarantine recycles it; without quarantine the next buffer lands at once
 # where the last one was. (verify_asan_link_order=0: a preloaded monitor
 # comes before the sanitizer's runtime.)
-ASAN = {"plain": False, "asan": "verify_asan_link_order=0",
+ASAN = {"asan": "verify_asan_link_order=0",
         "asan-no-quarantine": "verify_asan_link_order=0:quarantine_size_mb=0"}
 
 
 @pytest.mark.parametrize("build", ASAN)
 def test_openmpi_ucx_pinned_free_and_malloc(build):
-    """free() and malloc() of the 1 MiB buffer: the C library's munmap()
-    inside free() is seen by UCX's hooks; AddressSanitizer's is not, and
-    once a new buffer lands where the freed one was, nearly every message
-    carries the first buffer's bytes."""
+    """free() and malloc() of the 1 MiB buffer in the program built with
+    AddressSanitizer: UCX's hooks see the C library's munmap() inside
+    free() (0 of 100 corrupt in a plain build, measured once), not the
+    sanitizer's; once a new buffer lands where the freed one was, nearly
+    every message carries the first buffer's bytes."""
     corrupt = stale_send("openmpi", "free", MiB, 100, UCX, asan=ASAN[build])
     elsewhere = conftest.last_elsewhere
     if build == "asan":
@@ -88,8 +93,6 @@ def test_openmpi_ucx_pinned_free_and_malloc(build):
         # A mapping made between a free and the next malloc may push a
         # buffer elsewhere now and then: those are not judged.
         assert elsewhere <= 10 and corrupt >= 90 - elsewhere, (corrupt, elsewhere)
-    else:
-        assert corrupt == 0, (corrupt, elsewhere)
 
 
 def test_openmpi_ucx_on_demand_asan(odp_sampler):
@@ -140,17 +143,13 @@ def test_openmpi_ofi_pinned_raw_free_is_stale(way):
     assert corrupt >= 90, f"{corrupt} of 100 corrupt: the stale registration did not show"
 
 
-@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("way", WAYS_OFI)
 def test_openmpi_ofi_memwatch_monitor(way):
     """The same with memwatch as libfabric's monitor (LD_PRELOAD of
     libodpwatch-ofi-preload.so, imported before Open MPI's patcher): 0
     corrupt in every way of freeing, and the cache still caches: the ranks'
-    monitors confirmed hits. (A move or a reclaim of the pinned buffer
-    never happens: the kernel keeps pinned pages, so there the 0 shows
-    only that.)"""
+    monitors confirmed hits."""
     assert stale_send("openmpi", way, MiB, 200, {**OFI, **MEMWATCH_OFI}, pml="cm") == 0
-    if way in DECLINED_IF_PINNED:
-        assert conftest.last_not_freed >= 180, f"freed {200 - conftest.last_not_freed} times of 200"
     stats = ofi_monitor_stats(conftest.last_output)
     assert stats["ranks"] == 2 and stats["subscribes"] >= 1, conftest.last_output[-2000:]
     assert stats["hits"] >= 100, stats
@@ -172,7 +171,7 @@ def test_openmpi_ofi_memwatch_monitor_refused_by_seccomp():
     assert stats["ranks"] == 2 and stats["subscribes"] == 0, stats
 
 
-@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("way", WAYS_OFI)
 def test_openmpi_ofi_on_demand(way, odp_sampler):
     """libfabric's verbs provider registering on demand (FI_VERBS_USE_ODP=1):
     0 corrupt in every way of freeing, with the sender's MRs on demand."""
