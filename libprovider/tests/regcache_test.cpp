@@ -603,6 +603,7 @@ void refuse_memwatch(int, siginfo_t *, void *context)
 
 void no_memwatch(int refusal)
 {
+	std::fflush(stdout); // else the child prints the parent's buffer again
 	pid_t pid = fork();
 	CHECK(pid >= 0);
 	if (pid == 0) {
