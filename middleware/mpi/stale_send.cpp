@@ -31,11 +31,13 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -115,11 +117,17 @@ uint64_t *free_and_remap(std::string_view way, uint64_t *buf, size_t size, int &
 	return map_at(fixed_address, size);
 }
 
+// The ways free_and_remap() knows, for the check of the arguments and the usage.
+constexpr std::string_view ways[] = {"munmap",	  "syscall",	     "madvise",
+				     "mremap",	  "process_madvise", "io_uring",
+				     "uffd_move", "droppable",	     "free"};
+
 int usage()
 {
-	std::fprintf(stderr, "usage: stale_send "
-			     "munmap|syscall|madvise|mremap|process_madvise|io_uring|uffd_move|"
-			     "droppable|free SIZE COUNT\n");
+	std::fprintf(stderr, "usage: stale_send ");
+	for (std::string_view w : ways)
+		std::fprintf(stderr, "%s%.*s", w == ways[0] ? "" : "|", int(w.size()), w.data());
+	std::fprintf(stderr, " SIZE COUNT\n");
 	return 2;
 }
 
@@ -135,9 +143,7 @@ int main(int argc, char **argv)
 	const size_t size = argc == 4 ? std::strtoull(argv[2], nullptr, 0) : 0;
 	const int count = argc == 4 ? std::atoi(argv[3]) : 0;
 	if (ranks != 2 || size < sizeof(uint64_t) || size % sizeof(uint64_t) || count < 1 ||
-	    (way != "munmap" && way != "syscall" && way != "madvise" && way != "mremap" &&
-	     way != "process_madvise" && way != "io_uring" && way != "uffd_move" &&
-	     way != "droppable" && way != "free")) {
+	    std::find(std::begin(ways), std::end(ways), way) == std::end(ways)) {
 		if (rank == 0)
 			usage();
 		MPI_Finalize();
