@@ -17,7 +17,10 @@
 //             allocator in an instrumented build, unmaps the chunk)
 // (process_madvise to droppable by system calls no hook sees, raw_free.hpp;
 // the kernel declines uffd_move and droppable on pinned pages)
-// Prints, on rank 1, one line: "stale_send: way=W size=S messages=N
+// WAY may be a comma-separated list: the ways run one after the other in
+// one job (an mpirun costs seconds of launch), each at a fixed address of
+// its own, so that a registration one way left stale cannot meet the next.
+// Prints for each way, on rank 1: "stale_send: way=W size=S messages=N
 // corrupt=C" (C messages had a word other than their iteration number);
 // on rank 0: "stale_send: sender way=W not_freed=F elsewhere=E" (F times
 // the kernel kept the pages: a move refused, pages not dropped; E times
@@ -45,9 +48,17 @@
 namespace
 {
 
-// Where rank 0's buffer always lives: far from anything malloc maps.
-void *const fixed_address = reinterpret_cast<void *>(uintptr_t{1} << 40);
-void *const moved_address = reinterpret_cast<void *>(uintptr_t{3} << 40);
+// Where rank 0's buffer lives for the way at @index of the list, far from
+// anything malloc maps, and where mremap moves it: 16 GiB apart per way.
+struct place {
+	void *at;
+	void *moved;
+	explicit place(size_t index)
+	    : at(reinterpret_cast<void *>((uintptr_t{1} << 40) + (index << 34))),
+	      moved(reinterpret_cast<void *>((uintptr_t{3} << 40) + (index << 34)))
+	{
+	}
+};
 
 [[noreturn]] void die(const char *what)
 {
@@ -70,7 +81,8 @@ uint64_t *map_at(void *where, size_t size, bool raw = false)
 
 // Frees rank 0's buffer one way; returns the buffer for the next message.
 // Counts in @not_freed a free the kernel declined.
-uint64_t *free_and_remap(std::string_view way, uint64_t *buf, size_t size, int &not_freed)
+uint64_t *free_and_remap(std::string_view way, const place &where, uint64_t *buf, size_t size,
+			 int &not_freed)
 {
 	if (way == "munmap") {
 		if (munmap(buf, size))
@@ -78,7 +90,7 @@ uint64_t *free_and_remap(std::string_view way, uint64_t *buf, size_t size, int &
 	} else if (way == "syscall") {
 		if (syscall(SYS_munmap, buf, size))
 			die("syscall(SYS_munmap)");
-		return map_at(fixed_address, size, true);
+		return map_at(where.at, size, true);
 	} else if (way == "madvise") {
 		if (madvise(buf, size, MADV_DONTNEED))
 			die("madvise");
@@ -110,11 +122,11 @@ uint64_t *free_and_remap(std::string_view way, uint64_t *buf, size_t size, int &
 			die("malloc");
 		return p;
 	} else if (way == "mremap") {
-		void *p = mremap(buf, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, moved_address);
+		void *p = mremap(buf, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, where.moved);
 		if (p == MAP_FAILED || munmap(p, size))
 			die("mremap away");
 	}
-	return map_at(fixed_address, size);
+	return map_at(where.at, size);
 }
 
 // The ways free_and_remap() knows, for the check of the arguments and the usage.
@@ -124,11 +136,84 @@ constexpr std::string_view ways[] = {"munmap",	  "syscall",	     "madvise",
 
 int usage()
 {
-	std::fprintf(stderr, "usage: stale_send ");
+	std::fprintf(stderr, "usage: stale_send WAY[,WAY...] SIZE COUNT\nways: ");
 	for (std::string_view w : ways)
-		std::fprintf(stderr, "%s%.*s", w == ways[0] ? "" : "|", int(w.size()), w.data());
-	std::fprintf(stderr, " SIZE COUNT\n");
+		std::fprintf(stderr, "%s%.*s", w == ways[0] ? "" : " ", int(w.size()), w.data());
+	std::fprintf(stderr, "\n");
 	return 2;
+}
+
+// The ways of a comma-separated list; empty if one is unknown.
+std::vector<std::string_view> parse_ways(std::string_view list)
+{
+	std::vector<std::string_view> out;
+	for (size_t at = 0; at <= list.size();) {
+		size_t end = std::min(list.find(',', at), list.size());
+		std::string_view w = list.substr(at, end - at);
+		if (std::find(std::begin(ways), std::end(ways), w) == std::end(ways))
+			return {};
+		out.push_back(w);
+		at = end + 1;
+	}
+	return out;
+}
+
+// Rank 0: @count messages from the buffer at @where, freed @way after each.
+void send_all(std::string_view way, const place &where, size_t size, int count)
+{
+	const size_t words = size / sizeof(uint64_t);
+	uint64_t *buf = nullptr;
+	if (way == "free") {
+		buf = static_cast<uint64_t *>(std::malloc(size));
+		if (!buf)
+			die("malloc");
+	} else {
+		buf = way == "droppable"
+			      ? static_cast<uint64_t *>(raw_free::map_droppable(where.at, size))
+			      : map_at(where.at, size);
+		if (buf != where.at)
+			die("mmap at the fixed address");
+	}
+	int not_freed = 0, elsewhere = 0;
+	for (int i = 0; i < count; i++) {
+		for (size_t w = 0; w < words; w++)
+			buf[w] = uint64_t(i);
+		MPI_Send(buf, int(size), MPI_BYTE, 1, 0, MPI_COMM_WORLD);
+		uint64_t *was = buf;
+		buf = free_and_remap(way, where, buf, size, not_freed);
+		elsewhere += buf != was;
+	}
+	if (way == "free")
+		std::free(buf);
+	else
+		munmap(buf, size);
+	std::printf("stale_send: sender way=%.*s not_freed=%d elsewhere=%d\n", int(way.size()),
+		    way.data(), not_freed, elsewhere);
+	std::fflush(stdout);
+}
+
+// Rank 1: checks every word of @count messages.
+void receive_all(std::string_view way, size_t size, int count)
+{
+	std::vector<uint64_t> got(size / sizeof(uint64_t));
+	uint64_t first_bad = 0;
+	int corrupt = 0;
+	for (int i = 0; i < count; i++) {
+		MPI_Recv(got.data(), int(size), MPI_BYTE, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+		for (uint64_t v : got)
+			if (v != uint64_t(i)) {
+				if (!corrupt)
+					first_bad = v;
+				corrupt++;
+				break;
+			}
+	}
+	std::printf("stale_send: way=%.*s size=%zu messages=%d corrupt=%d", int(way.size()),
+		    way.data(), size, count, corrupt);
+	if (corrupt)
+		std::printf(" first_corrupt_word=%llu", (unsigned long long)first_bad);
+	std::printf("\n");
+	std::fflush(stdout);
 }
 
 } // namespace
@@ -139,70 +224,25 @@ int main(int argc, char **argv)
 	int rank = 0, ranks = 0;
 	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
 	MPI_Comm_size(MPI_COMM_WORLD, &ranks);
-	const std::string_view way = argc == 4 ? argv[1] : "";
+	const std::vector<std::string_view> list = parse_ways(argc == 4 ? argv[1] : "");
 	const size_t size = argc == 4 ? std::strtoull(argv[2], nullptr, 0) : 0;
 	const int count = argc == 4 ? std::atoi(argv[3]) : 0;
 	if (ranks != 2 || size < sizeof(uint64_t) || size % sizeof(uint64_t) || count < 1 ||
-	    std::find(std::begin(ways), std::end(ways), way) == std::end(ways)) {
+	    list.empty()) {
 		if (rank == 0)
 			usage();
 		MPI_Finalize();
 		return 2;
 	}
-	const size_t words = size / sizeof(uint64_t);
-	int corrupt = 0;
-	if (rank == 0) {
-		uint64_t *buf = nullptr;
-		if (way == "free") {
-			// Every chunk this size from mmap, given back by munmap
-			// (glibc would raise the threshold after the first free).
-			mallopt(M_MMAP_THRESHOLD, 128 << 10);
-			buf = static_cast<uint64_t *>(std::malloc(size));
-			if (!buf)
-				die("malloc");
-		} else {
-			buf = way == "droppable" ? static_cast<uint64_t *>(raw_free::map_droppable(
-							   fixed_address, size))
-						 : map_at(fixed_address, size);
-			if (buf != fixed_address)
-				die("mmap at the fixed address");
-		}
-		int not_freed = 0, elsewhere = 0;
-		for (int i = 0; i < count; i++) {
-			for (size_t w = 0; w < words; w++)
-				buf[w] = uint64_t(i);
-			MPI_Send(buf, int(size), MPI_BYTE, 1, 0, MPI_COMM_WORLD);
-			uint64_t *was = buf;
-			buf = free_and_remap(way, buf, size, not_freed);
-			elsewhere += buf != was;
-		}
-		if (way == "free")
-			std::free(buf);
+	// Every chunk this size from mmap, given back by munmap (glibc would
+	// raise the threshold after the first free).
+	if (rank == 0 && std::find(list.begin(), list.end(), "free") != list.end())
+		mallopt(M_MMAP_THRESHOLD, 128 << 10);
+	for (size_t k = 0; k < list.size(); k++) {
+		if (rank == 0)
+			send_all(list[k], place(k), size, count);
 		else
-			munmap(buf, size);
-		std::printf("stale_send: sender way=%.*s not_freed=%d elsewhere=%d\n",
-			    int(way.size()), way.data(), not_freed, elsewhere);
-		std::fflush(stdout);
-	} else {
-		std::vector<uint64_t> got(words);
-		uint64_t first_bad = 0;
-		for (int i = 0; i < count; i++) {
-			MPI_Recv(got.data(), int(size), MPI_BYTE, 0, 0, MPI_COMM_WORLD,
-				 MPI_STATUS_IGNORE);
-			for (uint64_t v : got)
-				if (v != uint64_t(i)) {
-					if (!corrupt)
-						first_bad = v;
-					corrupt++;
-					break;
-				}
-		}
-		std::printf("stale_send: way=%.*s size=%zu messages=%d corrupt=%d", int(way.size()),
-			    way.data(), size, count, corrupt);
-		if (corrupt)
-			std::printf(" first_corrupt_word=%llu", (unsigned long long)first_bad);
-		std::printf("\n");
-		std::fflush(stdout);
+			receive_all(list[k], size, count);
 	}
 	MPI_Finalize();
 	return 0;

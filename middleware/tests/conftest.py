@@ -9,8 +9,6 @@ import subprocess
 import threading
 import time
 
-import pytest
-
 BIN = "/out/guest/bin"
 HOSTS = "odpwatch-node0,odpwatch-node1"
 
@@ -56,7 +54,7 @@ def run(cmd, env=None, timeout=300):
     return p.stdout, p.returncode
 
 
-def openmpi(program, args, env, pml="ucx"):
+def openmpi(program, args, env, pml="ucx", timeout=300):
     """mpirun of Open MPI: one rank per node; UCX settings passed with -x."""
     cmd = ["mpirun.openmpi", "--host", HOSTS, "-np", "2", "--map-by", "node",
            "--prtemca", "oob_tcp_if_include", "eth0", "--mca", "pml", pml]
@@ -66,24 +64,47 @@ def openmpi(program, args, env, pml="ucx"):
         cmd += ["--mca", "mtl", "ofi"]
     for k, v in env.items():
         cmd += ["-x", f"{k}={v}"]
-    return run(cmd + [program] + args)
+    return run(cmd + [program] + args, timeout=timeout)
 
 
-def mpich(program, args, env):
+def mpich(program, args, env, timeout=300):
     """mpiexec of MPICH (hydra over ssh): one rank per node."""
     cmd = ["mpiexec.mpich", "-launcher", "ssh", "-hosts", HOSTS, "-n", "2", "-ppn", "1"]
     for k, v in env.items():
         cmd += ["-genv", k, v]
-    return run(cmd + [program] + args)
+    return run(cmd + [program] + args, timeout=timeout)
 
 
 def stale_send(mpi, way, size, count, env, **kw):
     """Run stale_send with Open MPI ("openmpi") or MPICH ("mpich"); the
     number of corrupt messages rank 1 saw. (How many times the kernel kept
-    the pages, refusing a move or not dropping them, is in last_not_freed.)"""
+    the pages, refusing a move or not dropping them, is in last_not_freed.)
+
+    group: the ways of freeing one job runs, one after the other, each at
+    an address of its own (an mpirun costs seconds of launch over ssh); the
+    first test of a group runs the job, the others take their way's result.
+    sample_odp: sample the MRs on demand while the job runs (last_odp_most)."""
+    global last_output, last_not_freed, last_elsewhere, last_odp_most
+    group = tuple(kw.pop("group", (way,)))
+    assert way in group, (way, group)
+    key = (mpi, group, size, count, tuple(sorted(env.items())), tuple(sorted(kw.items())))
+    if key not in _jobs:
+        _jobs[key] = _stale_send_job(mpi, group, size, count, env, **kw)
+    job = _jobs[key]
+    assert not isinstance(job, str), job
+    last_output, last_odp_most = job["output"], job["odp_most"]
+    corrupt, last_not_freed, last_elsewhere = job[way]
+    return corrupt
+
+
+_jobs = {}  # stale_send's jobs: their results by way, or why they failed
+
+
+def _stale_send_job(mpi, group, size, count, env, **kw):
     asan = kw.pop("asan", False)  # False, or the ASAN_OPTIONS of a run of the ASan build
+    sample_odp = kw.pop("sample_odp", False)
     program = f"{BIN}/stale_send.{'asan.' if asan else ''}{mpi}"
-    args = [way, str(size), str(count)]
+    args = [",".join(group), str(size), str(count)]
     if asan:
         # MPI's allocations live to the end: leaks are not this test's.
         # Open MPI's memory patcher rewrites mprotect(), which ASan
@@ -95,26 +116,40 @@ def stale_send(mpi, way, size, count, env, **kw):
         # Each rank under a seccomp filter answering @deny with EPERM, as a
         # container runtime's profile answers what it does not allow.
         program, args = f"{BIN}/odpwatch-seccomp-deny", ["EPERM", deny, program] + args
-    global last_output, last_not_freed, last_elsewhere
-    out, rc = (openmpi if mpi == "openmpi" else mpich)(program, args, env, **kw)
-    last_output = out
-    m, sender = RESULT.search(out), SENDER.search(out)
-    assert rc == 0 and m and sender, f"{mpi} stale_send {' '.join(args)}: status {rc}\n{out[-3000:]}"
-    assert (m[1], int(m[2]), int(m[3])) == (way, size, count) and sender[1] == way, m[0]
-    last_not_freed, last_elsewhere = int(sender[2]), int(sender[3])
+    sampler = OdpSampler()
+    if sample_odp:
+        sampler.__enter__()
+    try:
+        out, rc = (openmpi if mpi == "openmpi" else mpich)(program, args, env,
+                                                           timeout=120 + 60 * len(group), **kw)
+    finally:
+        if sample_odp:
+            sampler.__exit__()
+    job = {"output": out, "odp_most": sampler.most}
+    results = {m[1]: m for m in RESULT.finditer(out)}
+    senders = {m[1]: m for m in SENDER.finditer(out)}
+    if rc != 0 or set(results) != set(group) or set(senders) != set(group):
+        return f"{mpi} stale_send {' '.join(args)}: status {rc}\n{out[-3000:]}"
     on_demand = ODP.items() <= env.items() or ODP_OFI.items() <= env.items()
     memwatch = MEMWATCH_OFI["LD_PRELOAD"] == env.get("LD_PRELOAD")
-    record(mpi + (f" (ASan build, {asan})" if asan else ""),
-           {"cm": "cm (mtl ofi)"}.get(kw.get("pml"), kw.get("pml", "ucx")),
-           ("on demand" if on_demand else "pinned + memwatch" if memwatch else "pinned")
-           + (f" ({deny} refused by seccomp)" if deny else ""),
-           way, size, count, int(m[4]), last_not_freed, last_elsewhere)
-    return int(m[4])
+    for way in group:
+        m, sender = results[way], senders[way]
+        assert (int(m[2]), int(m[3])) == (size, count), m[0]
+        job[way] = (int(m[4]), int(sender[2]), int(sender[3]))
+        record(mpi + (f" (ASan build, {asan})" if asan else ""),
+               {"cm": "cm (mtl ofi)"}.get(kw.get("pml"), kw.get("pml", "ucx")),
+               ("on demand" if on_demand else "pinned + memwatch" if memwatch else "pinned")
+               + (f" ({deny} refused by seccomp)" if deny else ""),
+               way, size, count, *job[way])
+    return job
 
 
-last_output = ""  # of the last stale_send run
+last_output = ""  # of the last stale_send job
 last_not_freed = 0
 last_elsewhere = 0  # times the next buffer landed at another address (way "free")
+last_odp_most = 0  # the most MRs on demand seen while the job ran (sample_odp)
+
+
 def ofi_monitor_stats(out):
     """The memwatch monitor's counters each rank printed at exit, summed."""
     rows = re.findall(r"odpwatch-ofi: stats subscribes=(\d+) hits=(\d+) stale=(\d+)", out)
@@ -154,7 +189,3 @@ class OdpSampler:
         self._stop.set()
         self._thread.join()
 
-
-@pytest.fixture
-def odp_sampler():
-    return OdpSampler()
