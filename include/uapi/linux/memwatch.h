@@ -153,6 +153,13 @@ struct memwatch_wake {
  * overflow) with acquire semantics; the kernel stores the word before seq
  * and overflow, with release semantics. A 32-bit kernel changes only the low
  * 32 bits of a word or of seq: the upper half stays 0.
+ *
+ * A 32-bit process, on any kernel, loads the low 32 bits of a word (or of
+ * seq) with a 32-bit load and compares them with the low 32 bits of its
+ * generation: a 64-bit atomic load of a read-only page may be a
+ * compare-and-swap, which faults, or a lock. The low half repeats after
+ * 2^32 changes of one watch. overflow_count and active_watches are
+ * informational and may tear on a 32-bit reader.
  */
 struct memwatch_header {
 	__u32 abi_version;	/* MEMWATCH_ABI_VERSION */
