@@ -144,9 +144,11 @@ def parse_junit(path, status_path=None):
         name = f"{case.get('classname')}.{case.get('name')}"
         outcome, reason = "passed", None
         for child in case:
+            # A failure wins over a skip in any order (pytest writes an
+            # error of the teardown after the skip of the call).
             if child.tag in ("failure", "error"):
                 outcome, reason = "failed", (child.get("message") or "")[:300]
-            elif child.tag == "skipped":
+            elif child.tag == "skipped" and outcome != "failed":
                 outcome, reason = "skipped", child.get("message")
         tests.append({"name": name, "outcome": outcome, **({"reason": reason} if reason else {})})
     if status_path is not None:

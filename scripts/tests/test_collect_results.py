@@ -216,6 +216,13 @@ class Parsers(unittest.TestCase):
         self.assertEqual(got, {"test_harness.test_ok": "passed", "test_harness.test_bad": "failed",
                                "test_harness.test_skip": "skipped"})
 
+    def test_junit_a_failure_wins_over_a_skip(self):
+        xml = self.write("s.xml", '<testsuites><testsuite name="pytest">'
+                         '<testcase classname="t" name="a"><failure message="boom"/><skipped message="s"/></testcase>'
+                         '<testcase classname="t" name="b"><skipped message="s"/><error message="teardown"/></testcase>'
+                         '</testsuite></testsuites>')
+        self.assertEqual(outcomes(cr.parse_junit(xml)), {"t.a": "failed", "t.b": "failed"})
+
     def run_main(self, console, stock="test_a (tests.test_mr.M.test_a) ... ok\nRan 1 test in 0s\nOK\n",
                  skips=None, suites=None, drop=None, node_console="", agent_status="0\n",
                  node_console_of="cluster"):
