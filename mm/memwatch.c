@@ -928,6 +928,13 @@ static __poll_t memwatch_poll(struct file *file, poll_table *wait)
 	return events;
 }
 
+/*
+ * The state area maps its pages by PFN: no struct page reference is taken
+ * and GUP refuses the mapping (VM_IO | VM_PFNMAP), so nothing can pin the
+ * kernel's pages through it (io_uring fixed buffers, an RDMA MR) and they
+ * never count as mapped file pages. They live until the file is released,
+ * which no mapping outlives.
+ */
 static vm_fault_t memwatch_fault(struct vm_fault *vmf)
 {
 	struct memwatch_ctx *ctx = vmf->vma->vm_file->private_data;
@@ -936,9 +943,7 @@ static vm_fault_t memwatch_fault(struct vm_fault *vmf)
 	/* Pages of slots never used yet are not there: no one may read them. */
 	if (!page)
 		return VM_FAULT_SIGBUS;
-	get_page(page);
-	vmf->page = page;
-	return 0;
+	return vmf_insert_pfn(vmf->vma, vmf->address, page_to_pfn(page));
 }
 
 static const struct vm_operations_struct memwatch_vm_ops = {
@@ -956,9 +961,12 @@ static int memwatch_mmap_prepare(struct vm_area_desc *desc)
 		return -EACCES;	/* as the VFS answers for MAP_SHARED */
 	if (desc->pgoff || vma_desc_pages(desc) > pages)
 		return -EINVAL;
-	/* Not inherited by fork: the child's mm is not the watched one. */
-	vma_desc_set_flags(desc, VMA_DONTEXPAND_BIT, VMA_DONTDUMP_BIT,
-			   VMA_DONTCOPY_BIT);
+	/*
+	 * PFN-mapped (see memwatch_fault()); not inherited by fork, as the
+	 * child's mm is not the watched one; not in core dumps.
+	 */
+	vma_desc_set_flags(desc, VMA_IO_BIT, VMA_PFNMAP_BIT, VMA_DONTEXPAND_BIT,
+			   VMA_DONTDUMP_BIT, VMA_DONTCOPY_BIT);
 	vma_desc_clear_flags(desc, VMA_MAYWRITE_BIT);
 	desc->vm_ops = &memwatch_vm_ops;
 	return 0;

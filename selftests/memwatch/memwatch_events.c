@@ -693,6 +693,39 @@ TEST_F_TIMEOUT(ev, ksm_leaves_a_page_in_a_pipe_alone, 150)
 }
 
 /*
+ * The state area holds kernel pages: nothing may pin them through it (a
+ * long-term pin, as io_uring's fixed buffers or an RDMA MR take, would keep
+ * them past the descriptor and reach them from elsewhere). GUP refuses the
+ * mapping, by the slow path (the VMA's flags) and by the fast one (its
+ * special PTEs); reading it is unchanged.
+ */
+TEST_F(ev, state_area_cannot_be_pinned)
+{
+	struct pin_longterm_test pin = {
+		.addr = (uintptr_t)self->hdr, .size = self->page,
+	};
+	int gup = open("/sys/kernel/debug/gup_test", O_RDWR);
+	int ret, i;
+
+	if (gup < 0)
+		SKIP(return, "/sys/kernel/debug/gup_test (CONFIG_GUP_TEST): %s",
+		     strerror(errno));
+	EXPECT_EQ(MEMWATCH_ABI_VERSION, self->hdr->abi_version);	/* mapped */
+	for (i = 0; i < 2; i++) {
+		pin.flags = i ? PIN_LONGTERM_TEST_FLAG_USE_FAST : 0;
+		ret = ioctl(gup, PIN_LONGTERM_TEST_START, &pin);
+		if (!ret)
+			ioctl(gup, PIN_LONGTERM_TEST_STOP);
+		EXPECT_EQ(-1, ret)
+			TH_LOG("the header page was pinned (%s GUP)",
+			       i ? "fast" : "slow");
+		EXPECT_EQ(EFAULT, errno);
+	}
+	close(gup);
+	EXPECT_EQ(MEMWATCH_ABI_VERSION, self->hdr->abi_version);
+}
+
+/*
  * Migration to device-private memory (HMM, as GPU drivers' SVM does it)
  * moves the data to the device and, at the next CPU access, back into a new
  * page: two page changes, each MIGRATE, which the default mask reports.
@@ -1246,6 +1279,8 @@ TEST_F_TIMEOUT(memcg, limit_during_add, 150)
 	char *buf;
 	pid_t pid;
 
+	if (geteuid())
+		SKIP(return, "needs root: a memory cgroup and the per-user limit");
 	ASSERT_EQ(0, cgroup_make(&cg, "memwatch_add"))
 		TH_LOG("cannot set up a memory cgroup: %s", strerror(errno));
 	ASSERT_EQ(0, cgroup_set(&cg, "memory.max", "4M"));
@@ -1299,6 +1334,8 @@ TEST(oom_kill_of_a_watched_mm)
 	ssize_t n;
 	pid_t pid;
 
+	if (geteuid())
+		SKIP(return, "needs root: a memory cgroup");
 	ASSERT_EQ(0, cgroup_make(&cg, "memwatch_oom"))
 		TH_LOG("cannot set up a memory cgroup: %s", strerror(errno));
 	ASSERT_EQ(0, cgroup_set(&cg, "memory.max", "16M"));
