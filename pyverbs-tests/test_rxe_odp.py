@@ -244,6 +244,68 @@ def test_first_touch_write_faults_off_the_qp(pd, loopback):
         munmap(dst_buf, size)
 
 
+def test_a_fault_that_succeeded_leaves_the_next_one_off_the_qp(ctx, pd, local):
+    """A responder that answered an access RNR and finds the pages absent
+    again on the retry faults in place (the queued fault was slow or
+    failed). Once the queued fault succeeded and the retry went through,
+    that mark must go: a later fault at the same address, after the pages
+    were taken away again, is answered RNR and queued like the first, not
+    faulted in the QP's task (rxe review L-d). The responder's RNR timer is
+    long (491 ms) so the retry surely finds the first fault done."""
+    a, b = LoopbackQP(ctx, pd, connect=False), LoopbackQP(ctx, pd, connect=False)
+    for q in (a, b):
+        q.attr.min_rnr_timer = 31
+    a.connect(b.qp.qp_num)
+    b.connect(a.qp.qp_num)
+    buf = mmap_anon(LEN)
+    mr = MR(pd, LEN, ODP, address=buf)
+    try:
+        rnr = []
+        for seed in (1, 2):
+            local.write(pattern(64, seed), 64)
+            rnr0 = hw_counter("rcvd_rnr_err")
+            assert a.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, 64, mr, buf,
+                          timeout=60) == e.IBV_WC_SUCCESS
+            rnr.append(hw_counter("rcvd_rnr_err") - rnr0)
+            assert_bytes(peek(buf, 64), pattern(64, seed))
+            madvise_dontneed(buf, LEN)
+            time.sleep(0.5)  # past the churn window, where faults go in place
+        print(f"RNR NAKs: first touch {rnr[0]}, the same address again {rnr[1]}")
+        assert rnr[0] >= 1, "the first touch was not answered RNR"
+        assert rnr[1] >= 1, "the second fault at the address ran in the QP's task"
+    finally:
+        mr.close()
+        munmap(buf, LEN)
+
+
+def test_churn_elsewhere_leaves_faults_off_the_qp(pd, loopback, implicit, local):
+    """Right after an invalidation dropped pages of an MR, a fault of those
+    pages runs in place (the memory is being reused, the fault is cheap).
+    On an implicit MR, which spans every mapping of the process, churn of
+    other memory (a buffer used through the MR and unmapped, as a
+    malloc-heavy program does all the time) must not send the MR's other
+    faults there: a WRITE into untouched memory right after such an unmap
+    is still answered with an RNR NAK while its fault runs off the QP (rxe
+    review M4). Three rounds, each within the 100 ms the heuristic lasts."""
+    churn_len = 64 << 10
+    rnr = []
+    for round_ in range(3):
+        elsewhere, fresh = mmap_anon(churn_len), mmap_anon(LEN)
+        try:
+            pd.advise_mr(PREFETCH_WRITE, ADVISE_FLUSH, [SGE(elsewhere, churn_len, implicit.lkey)])
+            local.write(pattern(64, round_), 64)
+            rnr0 = hw_counter("rcvd_rnr_err")
+            munmap(elsewhere, churn_len)  # drops pages the MR mapped
+            assert loopback.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, 64, implicit, fresh,
+                                 timeout=60) == e.IBV_WC_SUCCESS
+            rnr.append(hw_counter("rcvd_rnr_err") - rnr0)
+            assert_bytes(peek(fresh, 64), pattern(64, round_))
+        finally:
+            munmap(fresh, LEN)
+    print(f"RNR NAKs of a first touch right after an unmap elsewhere: {rnr}")
+    assert sum(rnr) >= 1, "every fault ran in the QP's task"
+
+
 def test_write_with_imm_into_absent_odp_pages_takes_one_srq_receive_each(ctx, pd, local):
     """RDMA WRITE with immediate into untouched ODP pages, receives from an
     SRQ: the responder answers each absent page with an RNR NAK, and the
@@ -684,6 +746,74 @@ def test_queued_work_never_outlives_its_mr(ctx, pd, local, work):
             mr.close()
         munmap(region, mrs * LEN)
         munmap(b, LEN)
+
+
+def test_a_stuck_fault_stalls_no_other_child(ctx, pd, local, implicit):
+    """A fault may sleep as long as its page takes (here a userfaultfd range
+    nobody serves for HANDLER_DELAY seconds) and holds the implicit MR's
+    children while it does. Reaping the child of a range unmapped meanwhile
+    must not make every other access to the MR wait behind that fault: a
+    waiting writer of the children's semaphore queues each new reader, the
+    check of every QP's access included (rxe review M3). A WRITE into a
+    third child's present pages must complete long before the userfaultfd
+    is served."""
+    base = unmapped_space(4 * CHILD)
+    stuck, gone, there = base, base + CHILD, base + 2 * CHILD  # three children
+    for addr in (stuck, gone, there):
+        mmap_anon(LEN, addr=addr)
+    uffd = libc.syscall(SYS_userfaultfd, os.O_CLOEXEC)
+    assert uffd >= 0, os.strerror(ctypes.get_errno())
+    finish, served = threading.Event(), threading.Event()
+
+    def serve():
+        finish.wait(HANDLER_DELAY)
+        served.set()
+        fcntl.ioctl(uffd, UFFDIO_ZEROPAGE, bytearray(struct.pack("QQQq", stuck, LEN, 0, 0)))
+
+    server = threading.Thread(target=serve)
+    try:
+        # The two other children exist and map their pages.
+        for addr in (gone, there):
+            pd.advise_mr(PREFETCH_WRITE, ADVISE_FLUSH, [SGE(addr, LEN, implicit.lkey)])
+        fcntl.ioctl(uffd, UFFDIO_API, bytearray(struct.pack("QQQ", UFFD_API, 0, 0)))
+        fcntl.ioctl(uffd, UFFDIO_REGISTER,
+                    bytearray(struct.pack("QQQQ", stuck, LEN, UFFDIO_REGISTER_MODE_MISSING, 0)))
+        warnings0 = len(kernel_warnings())
+        a, _ = LoopbackQP.pair(ctx, pd)
+        local.write(pattern(64, 3), 64)
+        wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[SGE(local.buf, 64, local.lkey)])
+        wr.set_wr_rdma(implicit.rkey, stuck)
+        a.qp.post_send(wr)
+        readable, _, _ = select.select([uffd], [], [], 30)
+        assert readable, "the write never faulted"
+        server.start()
+        munmap(gone, LEN)  # its child maps nothing now: the reaper wants it
+        time.sleep(1)
+        b, _ = LoopbackQP.pair(ctx, pd)
+        t0 = time.monotonic()
+        status = b.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, 64, implicit, there,
+                        timeout=HANDLER_DELAY + 60)
+        took, before_served = time.monotonic() - t0, not served.is_set()
+        print(f"the WRITE into the third child took {took:.1f} s; "
+              f"the userfaultfd was served {HANDLER_DELAY} s after the stuck fault began")
+        assert status == e.IBV_WC_SUCCESS, f"status {status}"
+        assert before_served, f"the WRITE waited for the stuck fault ({took:.1f} s)"
+        assert_bytes(peek(there, 64), pattern(64, 3), "the third child's bytes")
+        finish.set()
+        server.join()
+        # The stuck WRITE ends one way or the other: its retry faults in
+        # the QP's task, which answers nothing for 60 s, so its requester
+        # may run out of transport retries first.
+        a.wait(timeout=120)
+        new = kernel_warnings()[warnings0:]
+        assert not new, f"kernel warnings: {new}"
+    finally:
+        finish.set()
+        if server.is_alive():
+            server.join()
+        os.close(uffd)
+        for addr in (stuck, there):
+            munmap(addr, LEN)
 
 
 def test_implicit_mr_refuses_flush_access(pd):
