@@ -30,7 +30,7 @@ CASES = ["reuse-pinned", "reuse-explicit-odp", "reuse-implicit-odp",
          "default-limits", "eviction-order", "churn", "more-ways-to-free-pinned",
          "more-ways-to-free-explicit-odp", "more-ways-to-free-implicit-odp", "huge-pages-pinned",
          "huge-pages-explicit-odp", "failed-registration", "brk-pinned", "brk-explicit-odp",
-         "new-cache-at-the-same-address"]
+         "new-cache-at-the-same-address", "get-at-thread-exit", "odp-needs"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -45,7 +45,7 @@ def test_regcache(case):
 SANITIZED = ["threads-pinned", "threads-explicit-odp", "threads-implicit-odp", "churn",
              "overlap-pinned", "overlap-explicit-odp", "limits", "eviction-order", "events",
              "reuse-pinned", "ways-to-free-pinned", "memlock-retry", "fork-child", "bad-input",
-             "new-cache-at-the-same-address"]
+             "new-cache-at-the-same-address", "get-at-thread-exit"]
 SANITIZER_ENV = {
     "tsan": {"TSAN_OPTIONS": "halt_on_error=1:exitcode=66:second_deadlock_stack=1"},
     "asan": {"ASAN_OPTIONS": "detect_leaks=1:halt_on_error=1:exitcode=66",

@@ -185,8 +185,12 @@ void bench_workload_data(Report &rep, const Options &o, ibv_context *ctx, ibv_pd
 						    len); // filled by the application
 					frees++;
 				}
+				// This message's bytes: one in each page and the
+				// last, so a stale registration of any page shows.
 				std::byte *b = bufs[i].data();
-				b[0] = b[len - 1] = fill; // this message's bytes
+				for (size_t at = 0; at < len; at += 4096)
+					b[at] = fill;
+				b[len - 1] = fill;
 				CacheHit h = c.get(b, len);
 				const ibv_wc_status st = qp.rdma_write(
 					odpwatch_cache_reg_mr(
@@ -198,12 +202,18 @@ void bench_workload_data(Report &rep, const Options &o, ibv_context *ctx, ibv_pd
 								   ibv_wc_status_str(st),
 							   EIO);
 				const std::byte *d = dst.data();
-				wrong += d[0] != fill || d[len - 1] != fill;
+				bool ok = d[len - 1] == fill;
+				for (size_t at = 0; ok && at < len; at += 4096)
+					ok = d[at] == fill;
+				wrong += !ok;
 			}
 		});
 		rep.add({g, w, name(p), s, "pinned+memwatch/" + w,
 			 std::to_string(frees / (o.reps + 1)) + " frees per rep; " +
-				 std::to_string(wrong) + " messages arrived wrong"});
+				 std::to_string(wrong) +
+				 " messages arrived wrong (a byte of each page checked); "
+				 "under TCG rxe's copy and ICRC dominate each message, "
+				 "which a NIC does in hardware"});
 	}
 }
 

@@ -124,13 +124,13 @@ void bench_bandwidth(Report &rep, const Options &o, ibv_context *ctx, ibv_pd *pd
 			rep.add({g, w, "implicit ODP steady state", s[2], base, "pages present"});
 		}
 		// First touch: a fresh, never-touched mapping for every rep.
-		{
+		auto first_touch = [&](verbs::LoopbackQp &q) {
 			std::vector<double> samples;
 			for (unsigned i = 0; i <= o.reps; i++) {
 				verbs::Mapping r(t.total);
 				verbs::Mr mr = verbs::reg_mr(pd, r.data(), t.total, kRemote | kOdp);
 				auto t0 = std::chrono::steady_clock::now();
-				move(qp, op, local.get(), lbuf, mr.get(), r, t);
+				move(q, op, local.get(), lbuf, mr.get(), r, t);
 				auto t1 = std::chrono::steady_clock::now();
 				if (i) // the first is the warm-up
 					samples.push_back(
@@ -138,8 +138,19 @@ void bench_bandwidth(Report &rep, const Options &o, ibv_context *ctx, ibv_pd *pd
 							.count() /
 						double(t.total >> 20));
 			}
-			rep.add({g, w, "ODP first touch, fault-around 4 MiB", spread_of(samples),
-				 base, "every page faulted; " + size_name(t.total) + " per rep"});
+			return spread_of(samples);
+		};
+		rep.add({g, w, "ODP first touch, fault-around 4 MiB", first_touch(qp), base,
+			 "every page faulted; " + size_name(t.total) + " per rep"});
+		// The same where the responder asks for rdma_cm's RNR timer
+		// (655 ms: rdma_cm sets min_rnr_timer 0 unless the application
+		// calls rdma_set_min_rnr_timer()): each fault answered with an
+		// RNR NAK costs that much.
+		if (op == IBV_WR_RDMA_WRITE) {
+			verbs::LoopbackQp cm_qp(ctx, pd, 0);
+			rep.add({g, w, "ODP first touch, responder RNR timer 655 ms (rdma_cm's)",
+				 first_touch(cm_qp), base,
+				 "min_rnr_timer 0, as rdma_cm leaves it; every page faulted"});
 		}
 	}
 }

@@ -19,14 +19,16 @@ POLICIES = {"auto": 0, "implicit-odp": 1, "explicit-odp": 2, "pinned": 3}
 class CacheAttr(ctypes.Structure):
     _fields_ = [("policy", ctypes.c_uint32), ("flags", ctypes.c_uint32),
                 ("max_entries", ctypes.c_uint64), ("max_bytes", ctypes.c_uint64),
-                ("reserved", ctypes.c_uint64 * 4)]
+                ("rc_odp_needs", ctypes.c_uint32), ("uc_odp_needs", ctypes.c_uint32),
+                ("ud_odp_needs", ctypes.c_uint32), ("xrc_odp_needs", ctypes.c_uint32),
+                ("reserved", ctypes.c_uint64 * 2)]
 
 
 class CacheStats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "hits", "misses", "invalidations", "evictions", "registrations",
         "deregistrations", "entries", "bytes", "in_use", "max_entries", "max_bytes",
-        "merges", "retries")] + [("reserved", ctypes.c_uint64 * 6)]
+        "merges", "retries", "uncached")] + [("reserved", ctypes.c_uint64 * 5)]
 
 
 class IbvMr(ctypes.Structure):

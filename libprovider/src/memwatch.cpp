@@ -39,9 +39,16 @@ bool Memwatch::supported()
 	if (access("/proc/sys/user", F_OK) == 0)
 		return access("/proc/sys/user/max_memwatch_watches", F_OK) == 0;
 	int fd = create_fd(MEMWATCH_CLOEXEC);
-	if (fd >= 0)
-		close(fd);
-	return fd >= 0 || errno != ENOSYS;
+	if (fd < 0)
+		return errno != ENOSYS; // refused (EPERM): the constructor says so
+	// The number is ours, not upstream's: on a kernel that gave it to
+	// another system call, what came back is no memwatch descriptor, and
+	// maybe no descriptor of ours at all (it is not closed then).
+	memwatch_stats st{};
+	if (ioctl(fd, MEMWATCH_IOC_STATS, &st))
+		return false;
+	close(fd);
+	return true;
 }
 
 int Memwatch::create_fd(unsigned flags)
@@ -66,6 +73,12 @@ Memwatch::Memwatch(size_t max_watches, unsigned flags)
 	}
 	const memwatch_header hdr = *static_cast<const memwatch_header *>(first);
 	munmap(first, page);
+	// Features are tested by bit; a layout this library does not know is
+	// refused, not guessed at.
+	if (hdr.abi_version != MEMWATCH_ABI_VERSION || hdr.header_size < sizeof(memwatch_header)) {
+		close(fd_);
+		throw verbs::Error("memwatch: state area of an unknown layout", EPROTO);
+	}
 	slots_ = max_watches ? std::min<size_t>(max_watches, hdr.max_slots) : hdr.max_slots;
 	area_len_ = (hdr.slots_offset + slots_ * sizeof(uint64_t) + page - 1) / page * page;
 	area_ = mmap(nullptr, area_len_, PROT_READ, MAP_SHARED, fd_, 0);

@@ -25,6 +25,7 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <limits>
 #include <mutex>
 #include <new>
@@ -66,9 +67,10 @@ constexpr unsigned remote_access =
 // a seccomp filter, as container runtimes install, or the administrator's
 // vm.unprivileged_memwatch). Anything else (out of descriptors, of memory)
 // may pass: try again next time.
+// EPROTO: a state area of a layout this library does not know.
 bool memwatch_final(int err)
 {
-	return err == EOPNOTSUPP || err == EPERM;
+	return err == EOPNOTSUPP || err == EPERM || err == EPROTO;
 }
 
 // A registration asked for with remote access has its rkey handed to a
@@ -119,9 +121,9 @@ struct RegCache::Entry {
 	uint64_t bytes() const { return policy == Policy::ImplicitOdp ? 0 : key.end - key.start; }
 };
 
-RegCache::RegCache(Policy policy, Limits limits)
-    : policy_(policy), limits_(resolve_limits(limits)), fork_generation_(fork_generation()),
-      id_(++cache_ids)
+RegCache::RegCache(Policy policy, Limits limits, OdpNeeds needs)
+    : policy_(policy), needs_(needs), limits_(resolve_limits(limits)),
+      fork_generation_(fork_generation()), id_(++cache_ids)
 {
 }
 
@@ -225,9 +227,13 @@ Policy RegCache::resolve(ibv_pd *pd)
 	odpwatch_odp_caps caps{};
 	if (int rc = odpwatch_query_odp_caps(pd->context, &caps))
 		throw verbs::Error("ibv_query_device_ex", -rc);
-	const uint32_t rc_needed = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV |
-				   IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ;
-	const bool odp = caps.supported && (caps.rc_caps & rc_needed) == rc_needed;
+	OdpNeeds n = needs_;
+	if (!n.rc && !n.uc && !n.ud && !n.xrc)
+		n.rc = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+		       IBV_ODP_SUPPORT_READ;
+	const bool odp = caps.supported && (caps.rc_caps & n.rc) == n.rc &&
+			 (caps.uc_caps & n.uc) == n.uc && (caps.ud_caps & n.ud) == n.ud &&
+			 (caps.xrc_caps & n.xrc) == n.xrc;
 	Policy p = policy_;
 	if (p == Policy::Auto)
 		p = odp && caps.implicit ? Policy::ImplicitOdp
@@ -267,7 +273,7 @@ std::unique_ptr<RegCache::Entry> RegCache::make_entry(const Key &k, Policy polic
 					      k.access | IBV_ACCESS_ON_DEMAND);
 			break;
 		default:
-			if (policy == Policy::Pinned) {
+			if (policy == Policy::Pinned && mw_) { // else uncached: see get()
 				try {
 					e->watch = mw_->add(addr, len,
 							    reinterpret_cast<uintptr_t>(e.get()));
@@ -598,18 +604,39 @@ RegCache::Recent &RegCache::recent(uintptr_t a)
 	// Page number modulo a prime: buffers a power of two apart, as
 	// allocators place them, never share a slot (a multiplicative hash
 	// put 64 buffers 4 MiB apart in 29 slots).
-	// A pointer in the static TLS block (initial-exec: no call to find
-	// it), to slots made at a thread's first get and freed at its exit.
+	// A pointer in thread-local storage (the default model: the library
+	// may be dlopen()ed, as MPI components are, where initial-exec TLS
+	// can fail to load), to slots made at a thread's first get and freed
+	// at its exit. A get from a destructor that runs after that (another
+	// thread_local's, a pthread key's) uses one slot that lives as long as
+	// the thread: no index, but no freed memory either.
 	struct Slots {
 		std::array<Recent, 127> slot;
 	};
-	[[gnu::tls_model("initial-exec")]] static thread_local Slots *slots = nullptr;
-	if (!slots) [[unlikely]] {
-		static thread_local std::unique_ptr<Slots> owner;
-		owner = std::make_unique<Slots>();
-		slots = owner.get();
+	struct State {
+		Slots *slots;
+		bool gone;
+	};
+	// Trivially destructible: usable until the thread's end.
+	static thread_local State state{nullptr, false};
+	static thread_local Recent last_resort;
+	struct Reaper {
+		~Reaper()
+		{
+			delete state.slots;
+			state = {nullptr, true};
+		}
+	};
+	if (!state.slots) [[unlikely]] {
+		if (state.gone)
+			return last_resort;
+		state.slots = new Slots;
+		// Made here, so registered for the thread's exit after every
+		// thread_local made before its first get: it runs first.
+		static thread_local Reaper reaper;
+		static_cast<void>(reaper);
 	}
-	return slots->slot[(a >> 12) % slots->slot.size()];
+	return state.slots->slot[(a >> 12) % state.slots->slot.size()];
 }
 
 void RegCache::remember(Entry *e, ibv_pd *pd, uintptr_t a, unsigned access)
@@ -772,6 +799,8 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 					insert(std::move(fresh_entry));
 					misses_++;
 					if (once) {
+						if (policy == Policy::Pinned && !mw_)
+							uncached_++; // AUTO, no memwatch
 						invalidate(result, dead);
 					} else {
 						evict(dead);
@@ -780,15 +809,26 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 					return result;
 				}
 				if (!mw_ && policy == Policy::Pinned) {
-					if (no_memwatch_)
+					if (!no_memwatch_) {
+						try {
+							mw_ = std::make_unique<Memwatch>();
+						} catch (const verbs::Error &e) {
+							no_memwatch_ = memwatch_final(e.err());
+							if (!no_memwatch_)
+								throw verbs::Error("memwatch",
+										   e.err());
+						}
+					}
+					// Without memwatch a pinned registration cannot
+					// be kept. Asked for by name, the pinned policy
+					// fails; AUTO (no ODP either) registers each get
+					// on its own, deregistered at its put: uncached,
+					// but correct.
+					if (!mw_ && policy_ != Policy::Auto)
 						throw verbs::Error("memwatch", EOPNOTSUPP);
-					try {
-						mw_ = std::make_unique<Memwatch>();
-					} catch (const verbs::Error &e) {
-						no_memwatch_ = memwatch_final(e.err());
-						throw verbs::Error("memwatch", no_memwatch_
-										       ? EOPNOTSUPP
-										       : e.err());
+					if (!mw_) {
+						merge = false;
+						u = k;
 					}
 				}
 				if (!mw_ && !no_memwatch_ && exposed(access)) {
@@ -868,6 +908,7 @@ odpwatch_cache_stats RegCache::stats() const
 	s.registrations = registrations_;
 	s.deregistrations = deregistrations_;
 	s.retries = retries_;
+	s.uncached = uncached_;
 	std::shared_lock lock(mu_);
 	s.entries = entries_.size();
 	s.bytes = bytes_;
@@ -910,6 +951,10 @@ bool foreign(const odpwatch_cache *cache)
 	return !cache->cache.owned();
 }
 
+// The attr's size and layout are ABI: fields come out of the reserved ones.
+static_assert(sizeof(odpwatch_cache_attr) == 56 &&
+	      offsetof(odpwatch_cache_attr, rc_odp_needs) == 24);
+
 bool attr_valid(const odpwatch_cache_attr *attr)
 {
 	if (!attr)
@@ -930,7 +975,11 @@ int odpwatch_cache_create(const struct odpwatch_cache_attr *attr, struct odpwatc
 	return odpwatch::c_abi_guarded([&] {
 		const Policy p = attr ? static_cast<Policy>(attr->policy) : Policy::Auto;
 		const RegCache::Limits l{attr ? attr->max_entries : 0, attr ? attr->max_bytes : 0};
-		*cache = new odpwatch_cache{RegCache(p, l)};
+		RegCache::OdpNeeds n;
+		if (attr)
+			n = {attr->rc_odp_needs, attr->uc_odp_needs, attr->ud_odp_needs,
+			     attr->xrc_odp_needs};
+		*cache = new odpwatch_cache{RegCache(p, l, n)};
 		return 0;
 	});
 }

@@ -41,8 +41,13 @@ public:
 		uint64_t max_bytes = 0;
 	};
 	static constexpr uint64_t default_max_entries = 1024; // as libfabric's cache
+	// The ODP operations (IBV_ODP_SUPPORT_*) per transport an ODP policy
+	// must serve; all 0: RC SEND, RECV, WRITE and READ.
+	struct OdpNeeds {
+		uint32_t rc = 0, uc = 0, ud = 0, xrc = 0;
+	};
 
-	RegCache(Policy policy, Limits limits);
+	RegCache(Policy policy, Limits limits, OdpNeeds needs);
 	RegCache(const RegCache &) = delete;
 	RegCache &operator=(const RegCache &) = delete;
 	~RegCache();
@@ -129,6 +134,7 @@ private:
 	void reaper_loop(std::stop_token stop);
 
 	const Policy policy_;
+	const OdpNeeds needs_;
 	const Limits limits_;
 	const uint64_t fork_generation_;
 	const uint64_t id_; // in the per-thread index
@@ -172,7 +178,7 @@ private:
 
 	std::atomic<bool> over_limit_{false};
 	std::atomic<uint64_t> hits_{0}, misses_{0}, invalidations_{0}, evictions_{0};
-	std::atomic<uint64_t> merged_{0}, retries_{0};
+	std::atomic<uint64_t> merged_{0}, retries_{0}, uncached_{0};
 	std::atomic<uint64_t> registrations_{0}, deregistrations_{0};
 };
 

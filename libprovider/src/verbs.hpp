@@ -78,7 +78,9 @@ int roce_v2_ipv4_gid_index(ibv_context *ctx);
 class LoopbackQp
 {
 public:
-	LoopbackQp(ibv_context *ctx, ibv_pd *pd);
+	// min_rnr_timer: the RNR NAK timer it asks its requester (itself) for;
+	// 12 is 0.64 ms, 0 is 655 ms (rdma_cm's default).
+	LoopbackQp(ibv_context *ctx, ibv_pd *pd, uint8_t min_rnr_timer = 12);
 	int gid_index() const noexcept { return gid_index_; }
 	// Post one signaled RDMA WRITE, RDMA READ or SEND between a local and a
 	// "remote" buffer (a SEND's receive is posted on it) and wait for the
@@ -96,6 +98,7 @@ private:
 	Cq cq_;
 	Qp qp_;
 	int gid_index_ = -1;
+	uint64_t requests_ = 0; // rdma() calls, for their requests' ids
 };
 
 } // namespace odpwatch::verbs

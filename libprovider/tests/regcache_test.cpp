@@ -511,6 +511,68 @@ void threads(int policy)
 		CHECK(s.invalidations >= nthreads * (iterations - 1));
 }
 
+// What the ODP policies must serve: AUTO picks ODP only where the device
+// has every operation asked for, per transport; an ODP policy asked for by
+// name fails where it does not (rxe: RC with atomics, no XRC).
+void odp_needs()
+{
+	Peer p;
+	auto policy_with = [&](int policy, uint32_t rc, uint32_t xrc) {
+		odpwatch_cache_attr a{};
+		a.policy = policy;
+		a.rc_odp_needs = rc;
+		a.xrc_odp_needs = xrc;
+		odpwatch_cache *c = nullptr;
+		CHECK_RC(odpwatch_cache_create(&a, &c), 0);
+		int got = odpwatch_cache_policy_of(c, p.pd.get());
+		CHECK_RC(odpwatch_cache_destroy(c), 0);
+		return got;
+	};
+	const uint32_t rc_all = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV |
+				IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ;
+	CHECK_RC(policy_with(ODPWATCH_CACHE_AUTO, 0, 0), ODPWATCH_CACHE_IMPLICIT_ODP);
+	CHECK_RC(policy_with(ODPWATCH_CACHE_AUTO, rc_all | IBV_ODP_SUPPORT_ATOMIC, 0),
+		 ODPWATCH_CACHE_IMPLICIT_ODP);
+	CHECK_RC(policy_with(ODPWATCH_CACHE_AUTO, 0, IBV_ODP_SUPPORT_SEND), ODPWATCH_CACHE_PINNED);
+	CHECK_RC(policy_with(ODPWATCH_CACHE_EXPLICIT_ODP, 0, IBV_ODP_SUPPORT_SEND), -EOPNOTSUPP);
+	odpwatch_cache_attr bad{};
+	bad.reserved[0] = 1;
+	odpwatch_cache *c = nullptr;
+	CHECK_RC(odpwatch_cache_create(&bad, &c), -EINVAL);
+}
+
+// A get from a thread_local's destructor that runs after the thread's hit
+// index was freed: the object was made before the thread's first get, so it
+// is destroyed after the index. The get must work, and read no freed memory
+// (the sanitizer builds run this case).
+void get_at_thread_exit()
+{
+	verbs::Context ctx = verbs::open_device("");
+	verbs::Pd pd = verbs::alloc_pd(ctx.get());
+	Cache c(ODPWATCH_CACHE_PINNED);
+	auto buf = filled(slot_address(1), 'x');
+	std::atomic<int> late_rc{-1}, early_rc{-1};
+	auto get_put = [&] {
+		odpwatch_cache_reg *reg = nullptr;
+		int rc = odpwatch_cache_get(c.c, pd.get(), buf.data(), buf_len, local_access, &reg);
+		return rc ? rc : odpwatch_cache_put(c.c, reg);
+	};
+	struct Late {
+		std::function<int()> get_put;
+		std::atomic<int> *rc;
+		~Late() { rc->store(get_put()); }
+	};
+	std::thread([&] {
+		thread_local Late late{get_put, &late_rc};
+		int rc = get_put();		// makes the index, after late
+		early_rc = rc ? rc : get_put(); // and a hit through it
+	}).join();
+	CHECK_RC(early_rc.load(), 0);
+	CHECK_RC(late_rc.load(), 0);
+	auto s = c.stats();
+	CHECK(s.in_use == 0 && s.hits >= 2);
+}
+
 // Limits: unused entries are evicted least recently used first; entries in
 // use never are.
 void limits()
@@ -648,10 +710,44 @@ void no_memwatch(int refusal)
 		// Nothing kept: each remote-access registration was used once.
 		if (odp.stats().registrations != 2 || odp.stats().entries != 0)
 			_exit(13);
+		// AUTO on a device without the ODP asked for (rxe has no XRC)
+		// and without memwatch: every get registers its own, used once,
+		// and a new buffer at the old address sends its own bytes.
+		odpwatch_cache_attr a{};
+		a.xrc_odp_needs = IBV_ODP_SUPPORT_SEND;
+		odpwatch_cache *uncached = nullptr;
+		if (odpwatch_cache_create(&a, &uncached))
+			_exit(15);
+		try {
+			p.send(uncached, buf);
+			p.send(uncached, buf);
+			if (!p.received('n'))
+				_exit(16);
+			buf.unmap();
+			auto again = filled(slot_address(33), 'm');
+			p.send(uncached, again);
+			if (!p.received('m'))
+				_exit(17);
+		} catch (const std::exception &e) {
+			std::printf("# AUTO without ODP or memwatch: %s\n", e.what());
+			std::fflush(stdout);
+			_exit(18);
+		}
+		odpwatch_cache_stats st{};
+		odpwatch_cache_query(uncached, &st);
+		std::printf(
+			"# AUTO without ODP or memwatch: policy %s, %lu registrations, "
+			"%lu kept, %lu gets uncached\n",
+			odpwatch_cache_policy_name(odpwatch_cache_policy_of(uncached, p.pd.get())),
+			(unsigned long)st.registrations, (unsigned long)st.entries,
+			(unsigned long)st.uncached);
+		if (st.registrations != 3 || st.entries != 0 || st.uncached != 3 ||
+		    odpwatch_cache_destroy(uncached))
+			_exit(19);
 		std::printf("# memwatch_create called %d times\n", memwatch_calls.load());
 		std::fflush(stdout);
 		// (each Cache asks once: the answer is the process's for good)
-		_exit(memwatch_calls == 2 ? 0 : 14);
+		_exit(memwatch_calls == 3 ? 0 : 14);
 	}
 	int st = 0;
 	CHECK(waitpid(pid, &st, 0) == pid);
@@ -1068,7 +1164,7 @@ void bad_input()
 {
 	odpwatch_cache *c = nullptr;
 	odpwatch_cache_attr a{};
-	a.reserved[2] = 1;
+	a.reserved[1] = 1;
 	CHECK_RC(odpwatch_cache_create(&a, &c), -EINVAL);
 	a = {};
 	a.flags = 1;
@@ -1139,6 +1235,8 @@ const std::map<std::string, std::function<void()>> cases = {
 	{"huge-pages-pinned", [] { huge_pages(ODPWATCH_CACHE_PINNED); }},
 	{"huge-pages-explicit-odp", [] { huge_pages(ODPWATCH_CACHE_EXPLICIT_ODP); }},
 	{"failed-registration", failed_registration},
+	{"get-at-thread-exit", get_at_thread_exit},
+	{"odp-needs", odp_needs},
 	{"brk-pinned", [] { brk_shrink_and_grow(ODPWATCH_CACHE_PINNED); }},
 	{"brk-explicit-odp", [] { brk_shrink_and_grow(ODPWATCH_CACHE_EXPLICIT_ODP); }},
 };

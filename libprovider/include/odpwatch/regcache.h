@@ -13,9 +13,10 @@
  *  - pinned + memwatch: a pinned MR per range, watched with memwatch; a
  *    range whose mapping changed (munmap, madvise, mremap) is found invalid
  *    with one load and registered again, never handed out.
- * ODPWATCH_CACHE_AUTO picks the first the device supports, in that order.
- * Overlapping gets of one pd and access share one registration of their
- * union.
+ * ODPWATCH_CACHE_AUTO picks the first the device supports, in that order;
+ * with neither ODP nor memwatch it registers each get on its own, to be
+ * deregistered after its put (stats: uncached). Overlapping gets of one pd
+ * and access share one registration of their union.
  *
  * Thread-safe. Functions return 0 or a negative errno value; in a child of
  * fork() -EPERM (the registrations are the parent's), but destroy, which
@@ -46,7 +47,18 @@ struct odpwatch_cache_attr {
 	uint32_t flags;	      /* must be 0 */
 	uint64_t max_entries; /* registrations kept; 0: 1024, UINT64_MAX: no limit */
 	uint64_t max_bytes;   /* bytes they cover; 0: a quarter of the memory */
-	uint64_t reserved[4]; /* must be 0 */
+	/*
+	 * What the ODP policies must serve, per transport (enum
+	 * ibv_odp_transport_cap_bits: IBV_ODP_SUPPORT_SEND, _RECV, _WRITE,
+	 * _READ, _ATOMIC, _SRQ_RECV, ...). An ODP policy needs all of them
+	 * from the device; AUTO picks ODP only then. 0 in all four: RC SEND,
+	 * RECV, WRITE and READ.
+	 */
+	uint32_t rc_odp_needs;
+	uint32_t uc_odp_needs;
+	uint32_t ud_odp_needs;
+	uint32_t xrc_odp_needs;
+	uint64_t reserved[2]; /* must be 0 */
 };
 
 struct odpwatch_cache_stats {
@@ -63,7 +75,9 @@ struct odpwatch_cache_stats {
 	uint64_t max_bytes;
 	uint64_t merges;  /* entries replaced by one covering their union */
 	uint64_t retries; /* registrations retried after dropping unused ones */
-	uint64_t reserved[6];
+	/* gets served uncached: AUTO with neither ODP nor memwatch */
+	uint64_t uncached;
+	uint64_t reserved[5];
 };
 
 struct odpwatch_cache;
