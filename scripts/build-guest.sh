@@ -48,13 +48,13 @@ run_with_progress "guest: libprovider" "$OUT/guest/libprovider-build.log" cmake_
 log "guest: MPI programs (middleware/mpi) for Open MPI and MPICH"
 for mpi in openmpi mpich; do
 	run sh -c "command -v mpicxx.$mpi >/dev/null" || die "mpicxx.$mpi missing from the root filesystem"
-	run mpicxx.$mpi -std=c++20 -O2 -Wall -Wextra -Werror -I/odpwatch/libprovider/tests -o /out/guest/bin/stale_send.$mpi \
+	run mpicxx.$mpi -std=c++20 -O2 -Wall -Wextra -Werror -I/odpwatch/libprovider/tests -I/odpwatch/libprovider/include -o /out/guest/bin/stale_send.$mpi \
 		/odpwatch/middleware/mpi/stale_send.cpp >"$OUT/guest/stale_send.$mpi.log" 2>&1 ||
 		{ cat "$OUT/guest/stale_send.$mpi.log" >&2; die "stale_send does not build with $mpi"; }
 done
 # The same program built with AddressSanitizer, whose allocator maps and
 # unmaps memory with system calls of its own.
-run mpicxx.openmpi -std=c++20 -O1 -g -fsanitize=address -Wall -Wextra -Werror -I/odpwatch/libprovider/tests \
+run mpicxx.openmpi -std=c++20 -O1 -g -fsanitize=address -Wall -Wextra -Werror -I/odpwatch/libprovider/tests -I/odpwatch/libprovider/include \
 	-o /out/guest/bin/stale_send.asan.openmpi /odpwatch/middleware/mpi/stale_send.cpp \
 	>"$OUT/guest/stale_send.asan.log" 2>&1 ||
 	{ cat "$OUT/guest/stale_send.asan.log" >&2; die "stale_send does not build with AddressSanitizer"; }

@@ -25,9 +25,14 @@
 // on rank 0: "stale_send: sender way=W not_freed=F elsewhere=E" (F times
 // the kernel kept the pages: a move refused, pages not dropped; E times
 // malloc() put the next buffer at another address, where no stale
-// registration can be).
+// registration can be). With libodpwatch-ofi preloaded, each rank also
+// prints "stale_send: rank R way=W monitor_hits=H": the hits of memwatch's
+// libfabric monitor during that way.
 #include "raw_free.hpp"
 
+#include <odpwatch/ofi_monitor.h>
+
+#include <dlfcn.h>
 #include <malloc.h>
 #include <mpi.h>
 #include <sys/mman.h>
@@ -41,6 +46,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -216,6 +222,18 @@ void receive_all(std::string_view way, size_t size, int count)
 	std::fflush(stdout);
 }
 
+// The hits of libodpwatch-ofi's monitor so far, if it is preloaded.
+std::optional<uint64_t> monitor_hits()
+{
+	using stats_fn = int (*)(odpwatch_ofi_stats *);
+	static const auto fn =
+		reinterpret_cast<stats_fn>(dlsym(RTLD_DEFAULT, "odpwatch_ofi_monitor_stats"));
+	odpwatch_ofi_stats s{};
+	if (!fn || fn(&s))
+		return std::nullopt;
+	return s.hits;
+}
+
 } // namespace
 
 int main(int argc, char **argv)
@@ -239,10 +257,17 @@ int main(int argc, char **argv)
 	if (rank == 0 && std::find(list.begin(), list.end(), "free") != list.end())
 		mallopt(M_MMAP_THRESHOLD, 128 << 10);
 	for (size_t k = 0; k < list.size(); k++) {
+		const auto hits0 = monitor_hits();
 		if (rank == 0)
 			send_all(list[k], place(k), size, count);
 		else
 			receive_all(list[k], size, count);
+		if (const auto hits = monitor_hits(); hits && hits0) {
+			std::printf("stale_send: rank %d way=%.*s monitor_hits=%llu\n", rank,
+				    int(list[k].size()), list[k].data(),
+				    (unsigned long long)(*hits - *hits0));
+			std::fflush(stdout);
+		}
 	}
 	MPI_Finalize();
 	return 0;

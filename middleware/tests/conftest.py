@@ -43,6 +43,7 @@ ODP_OFI = {"FI_VERBS_USE_ODP": "1"}
 
 RESULT = re.compile(r"stale_send: way=(\w+) size=(\d+) messages=(\d+) corrupt=(\d+)")
 SENDER = re.compile(r"stale_send: sender way=(\w+) not_freed=(\d+) elsewhere=(\d+)")
+MONITOR = re.compile(r"stale_send: rank \d+ way=(\w+) monitor_hits=(\d+)")
 
 
 def run(cmd, env=None, timeout=300):
@@ -83,17 +84,24 @@ def stale_send(mpi, way, size, count, env, **kw):
     group: the ways of freeing one job runs, one after the other, each at
     an address of its own (an mpirun costs seconds of launch over ssh); the
     first test of a group runs the job, the others take their way's result.
-    sample_odp: sample the MRs on demand while the job runs (last_odp_most)."""
-    global last_output, last_not_freed, last_elsewhere, last_odp_most
+    sample_odp: sample the MRs on demand while the job runs (last_odp_most).
+    A job that failed, timed out or was interrupted fails every test of its
+    group at once, without running again."""
+    global last_output, last_not_freed, last_elsewhere, last_odp_most, last_monitor_hits
     group = tuple(kw.pop("group", (way,)))
     assert way in group, (way, group)
     key = (mpi, group, size, count, tuple(sorted(env.items())), tuple(sorted(kw.items())))
     if key not in _jobs:
-        _jobs[key] = _stale_send_job(mpi, group, size, count, env, **kw)
+        try:
+            _jobs[key] = _stale_send_job(mpi, group, size, count, env, **kw)
+        except BaseException as e:  # a timeout, pytest-timeout's too
+            _jobs[key] = f"{mpi} stale_send job of {','.join(group)} failed: {e!r}"
+            raise
     job = _jobs[key]
     assert not isinstance(job, str), job
     last_output, last_odp_most = job["output"], job["odp_most"]
     corrupt, last_not_freed, last_elsewhere = job[way]
+    last_monitor_hits = job["monitor_hits"].get(way)
     return corrupt
 
 
@@ -120,27 +128,32 @@ def _stale_send_job(mpi, group, size, count, env, **kw):
     if sample_odp:
         sampler.__enter__()
     try:
-        out, rc = (openmpi if mpi == "openmpi" else mpich)(program, args, env,
-                                                           timeout=120 + 60 * len(group), **kw)
+        # Below pytest's 600 s per test, so that a hung job is this
+        # test's failure, reported with its output.
+        out, rc = (openmpi if mpi == "openmpi" else mpich)(
+            program, args, env, timeout=min(120 + 60 * len(group), 540), **kw)
     finally:
         if sample_odp:
             sampler.__exit__()
-    job = {"output": out, "odp_most": sampler.most}
+    job = {"output": out, "odp_most": sampler.most, "monitor_hits": {}}
+    for m in MONITOR.finditer(out):
+        job["monitor_hits"][m[1]] = job["monitor_hits"].get(m[1], 0) + int(m[2])
     results = {m[1]: m for m in RESULT.finditer(out)}
     senders = {m[1]: m for m in SENDER.finditer(out)}
-    if rc != 0 or set(results) != set(group) or set(senders) != set(group):
-        return f"{mpi} stale_send {' '.join(args)}: status {rc}\n{out[-3000:]}"
     on_demand = ODP.items() <= env.items() or ODP_OFI.items() <= env.items()
     memwatch = MEMWATCH_OFI["LD_PRELOAD"] == env.get("LD_PRELOAD")
-    for way in group:
-        m, sender = results[way], senders[way]
-        assert (int(m[2]), int(m[3])) == (size, count), m[0]
+    for way in group:  # the rows of the ways that reported, even if a later one failed
+        m, sender = results.get(way), senders.get(way)
+        if not (m and sender and (int(m[2]), int(m[3])) == (size, count)):
+            continue
         job[way] = (int(m[4]), int(sender[2]), int(sender[3]))
         record(mpi + (f" (ASan build, {asan})" if asan else ""),
                {"cm": "cm (mtl ofi)"}.get(kw.get("pml"), kw.get("pml", "ucx")),
                ("on demand" if on_demand else "pinned + memwatch" if memwatch else "pinned")
                + (f" ({deny} refused by seccomp)" if deny else ""),
                way, size, count, *job[way])
+    if rc != 0 or any(way not in job for way in group):
+        return f"{mpi} stale_send {' '.join(args)}: status {rc}\n{out[-3000:]}"
     return job
 
 
@@ -148,6 +161,7 @@ last_output = ""  # of the last stale_send job
 last_not_freed = 0
 last_elsewhere = 0  # times the next buffer landed at another address (way "free")
 last_odp_most = 0  # the most MRs on demand seen while the job ran (sample_odp)
+last_monitor_hits = None  # memwatch's libfabric monitor's hits in the way, both ranks
 
 
 def ofi_monitor_stats(out):

@@ -58,7 +58,8 @@ def test_openmpi_ucx_pinned(way):
 @pytest.mark.parametrize("way", WAYS)
 def test_openmpi_ucx_on_demand(way):
     """On-demand registrations follow the address space: 0 corrupt in
-    every way of freeing, with the sender's buffer registered on demand."""
+    every way of freeing, with MRs on demand on node 0 (sampled over the
+    job, all its ways: UCX's registration mode is the job's)."""
     corrupt = stale_send("openmpi", way, MiB, 200, {**UCX, **ODP}, group=WAYS, sample_odp=True)
     assert corrupt == 0
     assert conftest.last_odp_most >= 1, "no MR on demand seen while the job ran"
@@ -146,12 +147,12 @@ def test_openmpi_ofi_memwatch_monitor(way):
     """The same with memwatch as libfabric's monitor (LD_PRELOAD of
     libodpwatch-ofi-preload.so, imported before Open MPI's patcher): 0
     corrupt in every way of freeing, and the cache still caches: the ranks'
-    monitors confirmed hits (counted over the job: rank 1's receive buffer
-    is the same in every message, at least 100 hits a way)."""
+    monitors confirmed hits in this way (rank 1's receive buffer is the same
+    in every message)."""
     assert stale_send("openmpi", way, MiB, 200, {**OFI, **MEMWATCH_OFI}, pml="cm", group=WAYS_OFI) == 0
     stats = ofi_monitor_stats(conftest.last_output)
     assert stats["ranks"] == 2 and stats["subscribes"] >= 1, conftest.last_output[-2000:]
-    assert stats["hits"] >= 100 * len(WAYS_OFI), stats
+    assert (conftest.last_monitor_hits or 0) >= 100, f"{conftest.last_monitor_hits} hits in {way}"
 
 
 def test_openmpi_ofi_memwatch_monitor_refused_by_seccomp():
