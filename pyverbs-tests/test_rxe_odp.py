@@ -603,6 +603,22 @@ UFFDIO_REGISTER_MODE_MISSING = 1
 HANDLER_DELAY = 60
 
 
+def register_missing(uffd, addr, length):
+    """Put [addr, addr + length) under @uffd, for its missing pages."""
+    fcntl.ioctl(uffd, UFFDIO_API, bytearray(struct.pack("QQQ", UFFD_API, 0, 0)))
+    fcntl.ioctl(uffd, UFFDIO_REGISTER, bytearray(struct.pack(
+        "QQQQ", addr, length, UFFDIO_REGISTER_MODE_MISSING, 0)))
+
+
+def post_write(qp, local, seed, rkey, addr):
+    """Post a 64-byte RDMA WRITE of pattern(64, seed) from @local to @addr,
+    without waiting for its completion."""
+    local.write(pattern(64, seed), 64)
+    wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[SGE(local.buf, 64, local.lkey)])
+    wr.set_wr_rdma(rkey, addr)
+    qp.qp.post_send(wr)
+
+
 def kernel_warnings():
     """Kernel log lines of warnings, bugs, and rxe's own failed cleanups."""
     r = subprocess.run(["dmesg"], capture_output=True, text=True, check=True)
@@ -623,15 +639,10 @@ def test_dereg_waits_for_a_fault_stuck_on_userfaultfd(ctx, pd, local):
     assert uffd >= 0, os.strerror(ctypes.get_errno())
     handler = None
     try:
-        fcntl.ioctl(uffd, UFFDIO_API, bytearray(struct.pack("QQQ", UFFD_API, 0, 0)))
-        fcntl.ioctl(uffd, UFFDIO_REGISTER,
-                    bytearray(struct.pack("QQQQ", buf, LEN, UFFDIO_REGISTER_MODE_MISSING, 0)))
+        register_missing(uffd, buf, LEN)
         mr = MR(pd, LEN, ODP, address=buf)
         warnings0 = len(kernel_warnings())
-        local.write(pattern(64, 5), 64)
-        wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[SGE(local.buf, 64, local.lkey)])
-        wr.set_wr_rdma(mr.rkey, buf)
-        requester.qp.post_send(wr)
+        post_write(requester, local, 5, mr.rkey, buf)
         # The fault is running once the userfaultfd has its page-fault
         # message (polled, not read: the handler answers by address).
         readable, _, _ = select.select([uffd], [], [], 30)
@@ -699,10 +710,7 @@ def test_queued_work_never_outlives_its_mr(ctx, pd, local, work):
     server = threading.Thread(target=serve)
     stuck, requester = [], None
     try:
-        fcntl.ioctl(uffd, UFFDIO_API, bytearray(struct.pack("QQQ", UFFD_API, 0, 0)))
-        fcntl.ioctl(uffd, UFFDIO_REGISTER,
-                    bytearray(struct.pack("QQQQ", region, mrs * LEN,
-                                          UFFDIO_REGISTER_MODE_MISSING, 0)))
+        register_missing(uffd, region, mrs * LEN)
         stuck = [MR(pd, LEN, ODP, address=region + i * LEN) for i in range(mrs)]
         mr_b = MR(pd, LEN, ODP, address=b)
         warnings0 = len(kernel_warnings())
@@ -716,11 +724,7 @@ def test_queued_work_never_outlives_its_mr(ctx, pd, local, work):
             pd.advise_mr(PREFETCH_WRITE, 0, [SGE(b, LEN, mr_b.lkey)])
         else:
             requester, _responder = LoopbackQP.pair(ctx, pd)
-            local.write(pattern(64, 9), 64)
-            wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1,
-                        sg=[SGE(local.buf, 64, local.lkey)])
-            wr.set_wr_rdma(mr_b.rkey, b)
-            requester.qp.post_send(wr)
+            post_write(requester, local, 9, mr_b.rkey, b)
             time.sleep(1)  # the responder's check queues the fault
         t0 = time.monotonic()
         mr_b.close()
@@ -775,15 +779,10 @@ def test_a_stuck_fault_stalls_no_other_child(ctx, pd, local, implicit):
         # The two other children exist and map their pages.
         for addr in (gone, there):
             pd.advise_mr(PREFETCH_WRITE, ADVISE_FLUSH, [SGE(addr, LEN, implicit.lkey)])
-        fcntl.ioctl(uffd, UFFDIO_API, bytearray(struct.pack("QQQ", UFFD_API, 0, 0)))
-        fcntl.ioctl(uffd, UFFDIO_REGISTER,
-                    bytearray(struct.pack("QQQQ", stuck, LEN, UFFDIO_REGISTER_MODE_MISSING, 0)))
+        register_missing(uffd, stuck, LEN)
         warnings0 = len(kernel_warnings())
         a, _ = LoopbackQP.pair(ctx, pd)
-        local.write(pattern(64, 3), 64)
-        wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[SGE(local.buf, 64, local.lkey)])
-        wr.set_wr_rdma(implicit.rkey, stuck)
-        a.qp.post_send(wr)
+        post_write(a, local, 3, implicit.rkey, stuck)
         readable, _, _ = select.select([uffd], [], [], 30)
         assert readable, "the write never faulted"
         server.start()

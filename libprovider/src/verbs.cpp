@@ -202,7 +202,7 @@ ibv_wc_status LoopbackQp::rdma(ibv_wr_opcode op, const ibv_mr *local, const void
 	wr.wr.rdma.rkey = remote->rkey;
 	// A SEND lands in a receive posted on the "remote" buffer: the QP is
 	// its own peer, so both completions come to the one CQ.
-	int pending = 1;
+	bool waiting_send = true, waiting_recv = false;
 	if (op == IBV_WR_SEND) {
 		ibv_sge rsge{.addr = reinterpret_cast<uintptr_t>(remote_addr),
 			     .length = static_cast<uint32_t>(len),
@@ -214,7 +214,7 @@ ibv_wc_status LoopbackQp::rdma(ibv_wr_opcode op, const ibv_mr *local, const void
 		ibv_recv_wr *rbad = nullptr;
 		if (int rc = ibv_post_recv(qp_.get(), &rwr, &rbad))
 			throw Error("ibv_post_recv", rc);
-		pending = 2;
+		waiting_recv = true;
 	}
 	ibv_send_wr *bad = nullptr;
 	if (int rc = ibv_post_send(qp_.get(), &wr, &bad))
@@ -222,8 +222,7 @@ ibv_wc_status LoopbackQp::rdma(ibv_wr_opcode op, const ibv_mr *local, const void
 
 	auto deadline = std::chrono::steady_clock::now() + timeout;
 	ibv_wc_status status = IBV_WC_SUCCESS;
-	bool waiting_send = true, waiting_recv = pending == 2;
-	while (pending) {
+	while (waiting_send || waiting_recv) {
 		ibv_wc wc{};
 		int n = ibv_poll_cq(cq_.get(), 1, &wc);
 		if (n < 0)
@@ -240,7 +239,6 @@ ibv_wc_status LoopbackQp::rdma(ibv_wr_opcode op, const ibv_mr *local, const void
 				throw Error("a completion of no request in flight", EIO);
 			}
 			(wc.wr_id == send_id ? waiting_send : waiting_recv) = false;
-			pending--;
 			if (wc.status != IBV_WC_SUCCESS && status == IBV_WC_SUCCESS)
 				status = wc.status;
 			// A failed send flushes the receive too, or leaves it

@@ -3,6 +3,7 @@
 Open MPI, MPICH and UCX, unmodified, across the two kernels. Both nodes
 run sshd with the root filesystem's key pair, so mpirun and mpiexec start
 their remote daemons over ssh on the wire, as on any cluster."""
+import contextlib
 import os
 import re
 import subprocess
@@ -125,16 +126,11 @@ def _stale_send_job(mpi, group, size, count, env, **kw):
         # container runtime's profile answers what it does not allow.
         program, args = f"{BIN}/odpwatch-seccomp-deny", ["EPERM", deny, program] + args
     sampler = OdpSampler()
-    if sample_odp:
-        sampler.__enter__()
-    try:
+    with sampler if sample_odp else contextlib.nullcontext():
         # Below pytest's 600 s per test, so that a hung job is this
         # test's failure, reported with its output.
         out, rc = (openmpi if mpi == "openmpi" else mpich)(
             program, args, env, timeout=min(120 + 60 * len(group), 540), **kw)
-    finally:
-        if sample_odp:
-            sampler.__exit__()
     job = {"output": out, "odp_most": sampler.most, "monitor_hits": {}}
     for m in MONITOR.finditer(out):
         job["monitor_hits"][m[1]] = job["monitor_hits"].get(m[1], 0) + int(m[2])
