@@ -27,6 +27,9 @@
  * ctx->qlock (spinlock) protects the event ring, the statistics and the
  * generation words, and is the only lock the notifier callback takes.
  * memwatch_mm.lock, taken inside ctx->lock, protects the mm's tree.
+ * ctx->pages_lock, taken inside ctx->lock and by the state area's fault
+ * handler (inside the mmap lock), orders mapping a page of words against
+ * taking it away (before i_mmap_rwsem, in unmap_mapping_range()).
  *
  * See Documentation/userspace-api/memwatch.rst.
  */
@@ -63,8 +66,10 @@
  * Defaults of /proc/sys/user/max_memwatch_{watches,descriptors}: a pinned
  * registration cache needs one watch per cached registration (tens of
  * thousands in MPI runs); 1M watches is ~160 MiB of kernel memory, charged
- * to the memory cgroup. Descriptors bound the event rings: 128 of the
- * largest (MEMWATCH_QUEUE_MAX records, 2.5 MiB) is 320 MiB at most.
+ * to the memory cgroup (more if their ids are spread thin over the pages of
+ * words: at worst a page per watch, see memwatch_slot_put()). Descriptors
+ * bound the event rings: 128 of the largest (MEMWATCH_QUEUE_MAX records,
+ * 2.5 MiB) is 320 MiB at most.
  */
 #define MEMWATCH_USER_WATCHES	BIT(20)
 #define MEMWATCH_USER_DESCRIPTORS 128
@@ -90,6 +95,8 @@ struct memwatch_mm {
 };
 
 static DEFINE_HASHTABLE(memwatch_mms, 6);
+/* Mapped where a freed page of words was (memwatch_fault()): all ones. */
+static struct page *memwatch_dead_page __ro_after_init;
 static DEFINE_MUTEX(memwatch_mms_lock);
 
 struct memwatch_ctx {
@@ -100,6 +107,18 @@ struct memwatch_ctx {
 	spinlock_t qlock;		/* ring, stats, words; notifier-safe */
 	struct xarray watches;		/* id -> struct memwatch_watch */
 	struct xarray pages;		/* state area page index -> page */
+	/*
+	 * Taken by the fault handler around finding a page and mapping it,
+	 * and by memwatch_slot_put() around taking a page away from the
+	 * area: no mapping of a page can be made after it left.
+	 */
+	struct mutex pages_lock;
+	struct address_space *mapping;	/* the state area's, once mapped */
+	/* Under lock and pages_lock: the highest page of words ever made. */
+	unsigned long top_index;
+	/* Under lock: a new word page's words start here, past every freed one's. */
+	u64 gen_floor;
+	unsigned long spare;		/* under lock: an empty page kept, or 0 */
 	struct memwatch_header *hdr;	/* page 0 */
 	struct memwatch_event *ring;
 	u32 qsize;
@@ -277,8 +296,8 @@ static void memwatch_bump(u64 *counter)
 }
 
 /*
- * The generation word of watch @id. Its page exists while the watch does and
- * is freed only with the descriptor; xa_load() is RCU-safe in the notifier.
+ * The generation word of watch @id. Its page exists while the id is taken
+ * (memwatch_slot_put()); xa_load() is RCU-safe in the notifier.
  */
 static u64 *memwatch_gen(struct memwatch_ctx *ctx, u32 id)
 {
@@ -501,25 +520,89 @@ static const struct mmu_interval_notifier_ops memwatch_notifier_ops = {
 	.invalidate = memwatch_invalidate,
 };
 
-/* The page of generation words holding @id, allocated on first use. */
+/*
+ * The generation word of the new id @id, in the page of words holding it,
+ * allocated on first use; the page counts its ids in use (page_private).
+ * Under ctx->lock.
+ */
 static u64 *memwatch_slot(struct memwatch_ctx *ctx, u32 id)
 {
 	unsigned long index = 1 + id / MEMWATCH_SLOTS_PER_PAGE;
 	struct page *page = xa_load(&ctx->pages, index);
-	int err;
+	u64 *words;
+	int i, err;
 
 	if (!page) {
-		page = alloc_page(GFP_KERNEL_ACCOUNT | __GFP_ZERO);
+		page = alloc_page(GFP_KERNEL_ACCOUNT);
 		if (!page)
 			return NULL;
+		words = page_address(page);
+		for (i = 0; i < MEMWATCH_SLOTS_PER_PAGE; i++) {
+			words[i] = 0;
+			*memwatch_word(&words[i]) = ctx->gen_floor;
+		}
+		set_page_private(page, 0);
+		mutex_lock(&ctx->pages_lock);
 		err = xa_err(xa_store(&ctx->pages, index, page,
 				      GFP_KERNEL_ACCOUNT));
+		/* Where a freed page was, the dead page may be mapped. */
+		if (!err && index <= ctx->top_index && ctx->mapping)
+			unmap_mapping_range(ctx->mapping,
+					    (loff_t)index << PAGE_SHIFT,
+					    PAGE_SIZE, 1);
+		if (!err)
+			ctx->top_index = max(ctx->top_index, index);
+		mutex_unlock(&ctx->pages_lock);
 		if (err) {
 			__free_page(page);
 			return NULL;
 		}
 	}
+	if (index == ctx->spare)
+		ctx->spare = 0;
+	set_page_private(page, page_private(page) + 1);
 	return (u64 *)page_address(page) + id % MEMWATCH_SLOTS_PER_PAGE;
+}
+
+/*
+ * Id @id is free again. The last id of a page of words frees the page, so
+ * that adding and removing watches leaves no memory behind: it is taken
+ * out of the state area first (its words then read as all ones, see
+ * memwatch_fault()), and a new page there later starts its words past
+ * every word this one had, so that no (id, generation) pair that user
+ * space kept matches a later watch. One empty page is kept as a spare: a
+ * cache whose size hovers at a multiple of 512 watches would otherwise
+ * free and make the same page, and zap the mappings, again and again.
+ * Only where a word is 64 bits: the floor of a 32-bit word would wrap.
+ * Under ctx->lock.
+ */
+static void memwatch_slot_put(struct memwatch_ctx *ctx, u32 id)
+{
+	unsigned long index = 1 + id / MEMWATCH_SLOTS_PER_PAGE;
+	struct page *page = xa_load(&ctx->pages, index);
+	unsigned long top = 0;
+	u64 *words;
+	int i;
+
+	set_page_private(page, page_private(page) - 1);
+	if (page_private(page) || !IS_ENABLED(CONFIG_64BIT))
+		return;
+	if (!ctx->spare) {
+		ctx->spare = index;
+		return;
+	}
+	mutex_lock(&ctx->pages_lock);
+	xa_erase(&ctx->pages, index);
+	if (ctx->mapping)
+		unmap_mapping_range(ctx->mapping, (loff_t)index << PAGE_SHIFT,
+				    PAGE_SIZE, 1);
+	mutex_unlock(&ctx->pages_lock);
+	/* No watch of the page is left to bump a word: they are final. */
+	words = page_address(page);
+	for (i = 0; i < MEMWATCH_SLOTS_PER_PAGE; i++)
+		top = max(top, *memwatch_word(&words[i]));
+	ctx->gen_floor = max_t(u64, ctx->gen_floor, top + 1);
+	__free_page(page);
 }
 
 /*
@@ -610,7 +693,7 @@ static long memwatch_add(struct memwatch_ctx *ctx, void __user *uarg)
 		memwatch_tree_insert(w, &ctx->mmw->watches);
 	mutex_unlock(&ctx->mmw->lock);
 	if (err)
-		goto out_erase;
+		goto out_slot;
 	spin_lock(&ctx->qlock);
 	ctx->stats.watches++;
 	WRITE_ONCE(ctx->hdr->active_watches, ctx->stats.watches);
@@ -634,7 +717,10 @@ static long memwatch_add(struct memwatch_ctx *ctx, void __user *uarg)
 	if (copy_to_user(uarg, &arg, sizeof(arg))) {
 		/* A watch whose id the caller never learns is of no use. */
 		memwatch_destroy(ctx, w);
+		mutex_lock(&ctx->lock);
 		xa_erase(&ctx->watches, id);
+		memwatch_slot_put(ctx, id);
+		mutex_unlock(&ctx->lock);
 		return -EFAULT;
 	}
 	mutex_lock(&ctx->lock);
@@ -642,6 +728,8 @@ static long memwatch_add(struct memwatch_ctx *ctx, void __user *uarg)
 	mutex_unlock(&ctx->lock);
 	return 0;
 
+out_slot:
+	memwatch_slot_put(ctx, id);
 out_erase:
 	xa_erase(&ctx->watches, id);
 out_unlock:
@@ -709,7 +797,10 @@ static long memwatch_remove(struct memwatch_ctx *ctx, void __user *uarg)
 	xa_store(&ctx->watches, arg.id, NULL, GFP_KERNEL);
 	mutex_unlock(&ctx->lock);
 	memwatch_destroy(ctx, w);
+	mutex_lock(&ctx->lock);
 	xa_erase(&ctx->watches, arg.id);
+	memwatch_slot_put(ctx, arg.id);
+	mutex_unlock(&ctx->lock);
 	return 0;
 }
 
@@ -932,18 +1023,31 @@ static __poll_t memwatch_poll(struct file *file, poll_table *wait)
  * The state area maps its pages by PFN: no struct page reference is taken
  * and GUP refuses the mapping (VM_IO | VM_PFNMAP), so nothing can pin the
  * kernel's pages through it (io_uring fixed buffers, an RDMA MR) and they
- * never count as mapped file pages. They live until the file is released,
- * which no mapping outlives.
+ * never count as mapped file pages. A page of words is taken out of every
+ * mapping before it is freed (memwatch_slot_put()); the header page lives
+ * until the file is released, which no mapping outlives.
  */
 static vm_fault_t memwatch_fault(struct vm_fault *vmf)
 {
 	struct memwatch_ctx *ctx = vmf->vma->vm_file->private_data;
-	struct page *page = xa_load(&ctx->pages, vmf->pgoff);
+	struct page *page;
+	vm_fault_t ret;
 
-	/* Pages of slots never used yet are not there: no one may read them. */
+	mutex_lock(&ctx->pages_lock);
+	page = xa_load(&ctx->pages, vmf->pgoff);
+	/*
+	 * A page of words freed when its last id was: all ones, which no
+	 * generation is, so that a racing check of a removed watch reads
+	 * "changed" and does not crash. Pages never made are not there.
+	 */
+	if (!page && vmf->pgoff <= ctx->top_index)
+		page = memwatch_dead_page;
 	if (!page)
-		return VM_FAULT_SIGBUS;
-	return vmf_insert_pfn(vmf->vma, vmf->address, page_to_pfn(page));
+		ret = VM_FAULT_SIGBUS;
+	else
+		ret = vmf_insert_pfn(vmf->vma, vmf->address, page_to_pfn(page));
+	mutex_unlock(&ctx->pages_lock);
+	return ret;
 }
 
 static const struct vm_operations_struct memwatch_vm_ops = {
@@ -969,6 +1073,10 @@ static int memwatch_mmap_prepare(struct vm_area_desc *desc)
 			   VMA_DONTDUMP_BIT, VMA_DONTCOPY_BIT);
 	vma_desc_clear_flags(desc, VMA_MAYWRITE_BIT);
 	desc->vm_ops = &memwatch_vm_ops;
+	/* Whose mappings memwatch_slot_put() takes a page out of. */
+	mutex_lock(&ctx->pages_lock);
+	ctx->mapping = desc->file->f_mapping;
+	mutex_unlock(&ctx->pages_lock);
 	return 0;
 }
 
@@ -988,8 +1096,10 @@ static int memwatch_release(struct inode *inode, struct file *file)
 	/* No callback is left to arm it again. */
 	hrtimer_cancel(&ctx->wake_timer);
 	xa_destroy(&ctx->watches);
-	xa_for_each(&ctx->pages, id, page)
+	xa_for_each(&ctx->pages, id, page) {
+		set_page_private(page, 0);
 		__free_page(page);
+	}
 	xa_destroy(&ctx->pages);
 	kvfree(ctx->ring);
 	dec_ucount(ctx->ucounts, UCOUNT_MEMWATCH_DESCRIPTORS);
@@ -1064,6 +1174,7 @@ SYSCALL_DEFINE1(memwatch_create, unsigned int, flags)
 	if (!ctx)
 		goto err_ucount;
 	mutex_init(&ctx->lock);
+	mutex_init(&ctx->pages_lock);
 	spin_lock_init(&ctx->qlock);
 	init_waitqueue_head(&ctx->wqh);
 	hrtimer_setup(&ctx->wake_timer, memwatch_wake_timer, CLOCK_MONOTONIC,
@@ -1135,6 +1246,10 @@ static int __init memwatch_init(void)
 	BUILD_BUG_ON(sizeof(struct memwatch_event) != 40);
 	memwatch_watch_cache = KMEM_CACHE(memwatch_watch,
 					  SLAB_ACCOUNT | SLAB_PANIC);
+	memwatch_dead_page = alloc_page(GFP_KERNEL);
+	if (!memwatch_dead_page)
+		panic("memwatch: no page for the words of freed ids\n");
+	memset(page_address(memwatch_dead_page), 0xff, PAGE_SIZE);
 	init_user_ns.ucount_max[UCOUNT_MEMWATCH_WATCHES] = MEMWATCH_USER_WATCHES;
 	init_user_ns.ucount_max[UCOUNT_MEMWATCH_DESCRIPTORS] =
 		MEMWATCH_USER_DESCRIPTORS;

@@ -56,6 +56,20 @@ def test_watches_are_charged_to_the_memcg(memcg):
     assert after - before < (with_ - before) / 4, p.stdout
 
 
+def test_removed_watches_leave_no_word_pages(memcg):
+    """Eight descriptors each add 64k watches and remove them all, and stay
+    open: the pages of generation words (8 bytes an id, 4 MiB in all) go
+    with their last watch, not with the descriptor (memwatch review, Low 8:
+    128 descriptors kept about 1 GiB that no limit counted)."""
+    p = run_in(memcg, "watch-churn", "8", "65536")
+    print(p.stdout)
+    assert p.returncode == 0, p.stderr
+    empty, churned, words = map(int, re.search(
+        r"empty (\d+) churned (\d+); words used (\d+)", p.stdout).groups())
+    # Within the memory cgroup's per-CPU charge slack, not the words' 4 MiB.
+    assert churned - empty < words // 4, p.stdout
+
+
 def test_memcg_limit_stops_a_watch_flood(memcg):
     with open(os.path.join(memcg, "memory.max"), "w") as f:
         f.write(str(24 << 20))

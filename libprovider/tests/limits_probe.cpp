@@ -6,6 +6,9 @@
 //                    ODP MRs are not, and their traffic pins nothing
 //   watch-charge N   add N watches and print the process's memory cgroup's
 //                    memory.current before, with and after them
+//   watch-churn D N  D descriptors, each adding N watches and removing them
+//                    all, kept open: memory.current of the empty descriptors
+//                    and after the churn, and the bytes of words it used
 //   watch-flood      add one-page watches until the kernel says no; prints
 //                    the count as it goes, and the errno at the end
 //   beyond-memory MIB  an ODP MR over MIB MiB in a memory cgroup that may
@@ -162,6 +165,27 @@ void watch_charge(size_t n)
 	std::this_thread::sleep_for(std::chrono::seconds(1));
 	std::printf("memory.current before %zu with %zu after %zu\n", before, with,
 		    memcg_current());
+	munmap(base, n * page);
+}
+
+void watch_churn(size_t descriptors, size_t n)
+{
+	const size_t page = sysconf(_SC_PAGESIZE);
+	auto *base = static_cast<std::byte *>(reserve(n * page));
+	std::vector<std::unique_ptr<Memwatch>> mws;
+	for (size_t d = 0; d < descriptors; d++)
+		mws.push_back(std::make_unique<Memwatch>(n));
+	const size_t empty = memcg_current();
+	std::vector<uint32_t> ids(n);
+	for (auto &mw : mws) {
+		for (size_t i = 0; i < n; i++)
+			ids[i] = mw->add(base + i * page, page, i).id;
+		for (const uint32_t id : ids)
+			mw->remove(id);
+	}
+	std::this_thread::sleep_for(std::chrono::seconds(1)); // RCU-freed objects
+	std::printf("memory.current empty %zu churned %zu; words used %zu bytes\n", empty,
+		    memcg_current(), descriptors * n * sizeof(uint64_t));
 	munmap(base, n * page);
 }
 
@@ -436,6 +460,8 @@ int main(int argc, char **argv)
 			memlock();
 		else if (mode == "watch-charge" && argc > 2)
 			watch_charge(std::stoul(argv[2]));
+		else if (mode == "watch-churn" && argc > 3)
+			watch_churn(std::stoul(argv[2]), std::stoul(argv[3]));
 		else if (mode == "watch-flood")
 			watch_flood();
 		else if (mode == "beyond-memory" && argc > 2)
@@ -444,7 +470,8 @@ int main(int argc, char **argv)
 			return pin_forever(argv[2], std::stoul(argv[3]));
 		else {
 			std::fprintf(stderr,
-				     "usage: %s memlock | watch-charge N | watch-flood | "
+				     "usage: %s memlock | watch-charge N | watch-churn D N | "
+				     "watch-flood | "
 				     "beyond-memory MIB | pin-forever POLICY MIB\n",
 				     argv[0]);
 			return 2;

@@ -429,6 +429,65 @@ TEST_F(mw, remove)
 	munmap(buf, self->page);
 }
 
+/*
+ * On a 64-bit kernel a page of generation words goes with the last watch
+ * whose id it holds, but for one empty page kept per descriptor: its words
+ * then read as all ones, which no generation is, and a watch that takes
+ * one of its ids later starts past every value those words had.
+ */
+TEST_F(mw, a_page_of_words_goes_with_its_last_watch)
+{
+	const int per_page = self->page / sizeof(__u64), n = 2 * per_page + 1;
+	struct memwatch_add *w = calloc(n, sizeof(*w)), again;
+	char *buf = map_pages(self->page, n);
+	__u64 top = 0;
+	int i;
+
+	ASSERT_NE(NULL, w);
+	ASSERT_NE(NULL, buf);
+	/*
+	 * ids 0 .. 2 * per_page - 1 fill two pages of words, one more a
+	 * third; unmaps only, so that compaction or khugepaged moving the
+	 * buffer cannot change a word here.
+	 */
+	for (i = 0; i < n; i++) {
+		ASSERT_EQ(0, add_watch(self->fd, buf + i * self->page,
+				       self->page, i, MEMWATCH_UNMAP, &w[i]));
+		ASSERT_EQ(i, w[i].id);
+	}
+	/* The second page empties first: it is the one kept. */
+	for (i = per_page; i < 2 * per_page; i++)
+		ASSERT_EQ(0, remove_watch(self->fd, w[i].id));
+	EXPECT_EQ(w[per_page].generation + 1, self->slots[per_page]);
+	for (i = 0; i < per_page - 1; i++)
+		ASSERT_EQ(0, remove_watch(self->fd, w[i].id));
+	/* One id of the first page is still in use: its words are there. */
+	EXPECT_TRUE(still_valid(self->slots, &w[per_page - 1]));
+	for (i = 0; i < per_page - 1; i++) {
+		EXPECT_EQ(w[i].generation + 1, self->slots[i]);
+		top = self->slots[i] > top ? self->slots[i] : top;
+	}
+	ASSERT_EQ(0, remove_watch(self->fd, w[per_page - 1].id));
+	top = w[per_page - 1].generation + 1 > top ?
+	      w[per_page - 1].generation + 1 : top;
+	for (i = 0; i < per_page && self->slots[i] == ~0ULL; i++)
+		;
+	ASSERT_EQ(per_page, i)
+		TH_LOG("word %d of the freed page reads %llu", i,
+		       (unsigned long long)self->slots[i]);
+	/* The kept page and the third one keep their words. */
+	EXPECT_EQ(w[per_page].generation + 1, self->slots[per_page]);
+	EXPECT_TRUE(still_valid(self->slots, &w[2 * per_page]));
+	ASSERT_EQ(0, add_watch(self->fd, buf, self->page, 0, MEMWATCH_UNMAP,
+			       &again));
+	EXPECT_EQ(0, again.id);
+	EXPECT_LT(top, again.generation);
+	EXPECT_TRUE(still_valid(self->slots, &again));
+	EXPECT_FALSE(still_valid(self->slots, &w[0]));
+	munmap(buf, self->page * n);
+	free(w);
+}
+
 TEST_F(mw, bad_input)
 {
 	struct memwatch_add a;
@@ -605,9 +664,20 @@ TEST_F(mw, wake_delay_gathers_a_burst)
 	}
 	after = wakeups(self->fd);
 	burst_ms = now_ms() - t0;
-	/* Only a burst shorter than the delay is one wake-up. */
-	if (burst_ms >= DELAY_MS * 4 / 5)
-		SKIP(close(ep), "%d munmaps took %lld ms, no burst", BURST, burst_ms);
+	if (burst_ms >= DELAY_MS * 4 / 5) {
+		/*
+		 * Slower than the delay (a debug kernel beside other guests:
+		 * 1604 ms): at most a wake-up per delay the burst spans, and
+		 * one when the last delay is over; far fewer than a change each.
+		 */
+		ASSERT_EQ(1, epoll_wait(ep, &out, 1, 10 * DELAY_MS));
+		EXPECT_GE(burst_ms / DELAY_MS + 2, wakeups(self->fd) - before)
+			TH_LOG("%d munmaps in %lld ms", BURST, burst_ms);
+		EXPECT_GT(BURST / 2, wakeups(self->fd) - before);
+		EXPECT_EQ(BURST, read_events(self->fd, ev, BURST));
+		close(ep);
+		return;
+	}
 	EXPECT_EQ(before, after);
 	EXPECT_EQ(1, poll(&pfd, 1, 0));
 	EXPECT_EQ(0, epoll_wait(ep, &out, 1, 0));

@@ -49,8 +49,9 @@ struct odpwatch_memwatch;
 
 /* A watched range, filled in by odpwatch_memwatch_add(). */
 struct odpwatch_memwatch_range {
-	const uint64_t *gen_word; /* the range's word in the shared area */
-	uint64_t generation;	  /* its value while the range is valid */
+	/* the range's word in the shared area, until the range is removed */
+	const uint64_t *gen_word;
+	uint64_t generation; /* its value while the range is valid */
 	uint32_t id;
 	uint32_t reserved;
 	uint64_t start; /* the watched pages: [start, end) */
