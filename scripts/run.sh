@@ -29,7 +29,7 @@ fi
 # make check lists it at the end; .ci/run's hard limit is what fails a run.
 declare -A budget=([host]=300 [materialise]=240 [kernel-std]=900 [kernel-debug]=1200
 	[series]=150 [series-fixes]=1500 [lint]=120 [i386]=120 [rootfs]=300 [rdma-core]=360 [userspace]=300 [libfabric]=600
-	[guest-check-std]=1600 [guest-check-debug]=1800 [cluster]=600 [middleware]=1500 [kernel-ulps]=600 [rdma-fixes]=240
+	[guest-check-std]=2200 [guest-check-debug]=1800 [cluster]=600 [middleware]=1500 [kernel-ulps]=600 [rdma-fixes]=240
 	[bench-wire]=2400)
 budgeted() { STAGE_BUDGET=${budget[$1]:-} stage "${@:2}"; }
 # A stage on the two-guest cluster, in $OUT/$dir/SUB: node 0 runs CMD0, node 1 CMD1.
@@ -120,15 +120,17 @@ if [ "$job" = check ]; then
 	# the kselftests, the kernel-bug reproducers, the reliability and
 	# fault-injection suites. rdma-core's own suite, the comparison with
 	# Debian's rdma-core and the userspace-only tests (CLI, man pages, the
-	# cache library) run on the production kernel only. Demand paging beyond
-	# memory runs there at half the buffer resident, not a quarter: the same
-	# swap-out and fault-in paths, 160 s less (a quarter is a workload, not
-	# another path).
+	# cache library) run on the production kernel only.
 	deselect=""
 	case $variant in
 	debug) suites="selftests pyverbs-tests"
 		pyverbs="test_harness.py test_rxe_odp.py test_rxe_qp_events.py test_fault_injection.py test_teardown.py test_stress.py test_limits.py"
-		deselect="test_limits.py::test_demand_paging_beyond_memory[4]" ;;
+		# test_limits' workloads (the caches under memory limits, demand
+		# paging beyond memory: 740 s of the debug guest's 2000 s beside
+		# the production lane at d35cded) run on the production kernel;
+		# here only what charges and limits our kernel objects. The word
+		# pages' accounting too (the selftest covers their code here).
+		deselect="test_limits.py::test_demand_paging_beyond_memory test_limits.py::test_odp_cache_gives_memory_back_and_pins_nothing test_limits.py::test_memwatch_cache_releases_what_is_freed test_limits.py::test_pin_forever_keeps_its_peak_and_stops_at_the_memlock_limit test_limits.py::test_removed_watches_leave_no_word_pages" ;;
 	*) suites="selftests upstream-kselftests pyverbs-tests rdma-core rdma-core-vs-stock cluster middleware examples kernel-ulps" pyverbs="" ;;
 	esac
 	printf 'SUITES="%s"\nPYVERBS_TESTS="%s"\nPYVERBS_DESELECT="%s"\n' "$suites" "$pyverbs" "$deselect" >"$OUT/$dir/plan"
@@ -166,7 +168,15 @@ if [ "$job" = check-series ]; then
 elif [ "$job" = cluster ]; then
 	budgeted "cluster" "boot two guests on a wire, run a command on each" "$TOP/scripts/run-cluster.sh" "$dir" "$kernel" "$rootfs" || vmrc=$?
 else
-	budgeted "guest-$job-$variant" "boot and run '$job' in the guest ($variant)" "$TOP/scripts/run-vm.sh" "$job" "$dir" "$kernel" "$rootfs" "$stock" || vmrc=$?
+	# The production guest's check, beside the debug guest, was killed at
+	# run-vm.sh's default 1800 s at d35cded, in rdma-core's suite (the
+	# base's mm and rdma kselftests took 800 s, uffd-unit-tests 481 s of
+	# it; pyverbs 640 s): about 2100 s in all. Its own deadline only: the
+	# cluster stages keep theirs.
+	guest_timeout=${TIMEOUT:-}
+	[ "$variant" = std ] && [ "$job" = check ] && guest_timeout=${TIMEOUT:-2700}
+	budgeted "guest-$job-$variant" "boot and run '$job' in the guest ($variant)" \
+		env ${guest_timeout:+TIMEOUT=$guest_timeout} "$TOP/scripts/run-vm.sh" "$job" "$dir" "$kernel" "$rootfs" "$stock" || vmrc=$?
 fi
 [ $vmrc = 0 ] || rc=$vmrc
 if [ "$job" = check ] && [ "$variant" = std ]; then

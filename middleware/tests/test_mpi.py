@@ -60,7 +60,7 @@ def test_openmpi_ucx_on_demand(way):
     """On-demand registrations follow the address space: 0 corrupt in
     every way of freeing, with MRs on demand on node 0 (sampled over the
     job, all its ways: UCX's registration mode is the job's)."""
-    corrupt = stale_send("openmpi", way, MiB, 200, {**UCX, **ODP}, group=WAYS, sample_odp=True)
+    corrupt = stale_send("openmpi", way, MiB, 100, {**UCX, **ODP}, group=WAYS, sample_odp=True)
     assert corrupt == 0
     assert conftest.last_odp_most >= 1, "no MR on demand seen while the job ran"
     # Nothing pins the buffer: every move and every reclaim happens.
@@ -175,7 +175,7 @@ def test_openmpi_ofi_memwatch_monitor_refused_by_seccomp():
 def test_openmpi_ofi_on_demand(way):
     """libfabric's verbs provider registering on demand (FI_VERBS_USE_ODP=1):
     0 corrupt in every way of freeing, with the sender's MRs on demand."""
-    assert stale_send("openmpi", way, MiB, 200, {**OFI, **ODP_OFI}, pml="cm", group=WAYS_OFI,
+    assert stale_send("openmpi", way, MiB, 100, {**OFI, **ODP_OFI}, pml="cm", group=WAYS_OFI,
                       sample_odp=True) == 0
     assert conftest.last_odp_most >= 1, "no MR on demand seen while the job ran"
     # Nothing pins the buffer: every move and every reclaim happens.
