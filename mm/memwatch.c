@@ -295,14 +295,19 @@ static void memwatch_bump(u64 *counter)
 	smp_store_release(word, READ_ONCE(*word) + 1);
 }
 
+/* The state area's page holding the generation word of id @id. */
+static unsigned long memwatch_page_index(u32 id)
+{
+	return 1 + id / MEMWATCH_SLOTS_PER_PAGE;
+}
+
 /*
  * The generation word of watch @id. Its page exists while the id is taken
  * (memwatch_slot_put()); xa_load() is RCU-safe in the notifier.
  */
 static u64 *memwatch_gen(struct memwatch_ctx *ctx, u32 id)
 {
-	struct page *page = xa_load(&ctx->pages,
-				    1 + id / MEMWATCH_SLOTS_PER_PAGE);
+	struct page *page = xa_load(&ctx->pages, memwatch_page_index(id));
 
 	return (u64 *)page_address(page) + id % MEMWATCH_SLOTS_PER_PAGE;
 }
@@ -521,13 +526,24 @@ static const struct mmu_interval_notifier_ops memwatch_notifier_ops = {
 };
 
 /*
+ * Take page @index of the state area out of every mapping of it, so that
+ * the next read faults (memwatch_fault()). Under ctx->pages_lock.
+ */
+static void memwatch_zap(struct memwatch_ctx *ctx, unsigned long index)
+{
+	if (ctx->mapping)
+		unmap_mapping_range(ctx->mapping, (loff_t)index << PAGE_SHIFT,
+				    PAGE_SIZE, 1);
+}
+
+/*
  * The generation word of the new id @id, in the page of words holding it,
  * allocated on first use; the page counts its ids in use (page_private).
  * Under ctx->lock.
  */
 static u64 *memwatch_slot(struct memwatch_ctx *ctx, u32 id)
 {
-	unsigned long index = 1 + id / MEMWATCH_SLOTS_PER_PAGE;
+	unsigned long index = memwatch_page_index(id);
 	struct page *page = xa_load(&ctx->pages, index);
 	u64 *words;
 	int i, err;
@@ -546,10 +562,8 @@ static u64 *memwatch_slot(struct memwatch_ctx *ctx, u32 id)
 		err = xa_err(xa_store(&ctx->pages, index, page,
 				      GFP_KERNEL_ACCOUNT));
 		/* Where a freed page was, the dead page may be mapped. */
-		if (!err && index <= ctx->top_index && ctx->mapping)
-			unmap_mapping_range(ctx->mapping,
-					    (loff_t)index << PAGE_SHIFT,
-					    PAGE_SIZE, 1);
+		if (!err && index <= ctx->top_index)
+			memwatch_zap(ctx, index);
 		if (!err)
 			ctx->top_index = max(ctx->top_index, index);
 		mutex_unlock(&ctx->pages_lock);
@@ -578,7 +592,7 @@ static u64 *memwatch_slot(struct memwatch_ctx *ctx, u32 id)
  */
 static void memwatch_slot_put(struct memwatch_ctx *ctx, u32 id)
 {
-	unsigned long index = 1 + id / MEMWATCH_SLOTS_PER_PAGE;
+	unsigned long index = memwatch_page_index(id);
 	struct page *page = xa_load(&ctx->pages, index);
 	unsigned long top = 0;
 	u64 *words;
@@ -593,9 +607,7 @@ static void memwatch_slot_put(struct memwatch_ctx *ctx, u32 id)
 	}
 	mutex_lock(&ctx->pages_lock);
 	xa_erase(&ctx->pages, index);
-	if (ctx->mapping)
-		unmap_mapping_range(ctx->mapping, (loff_t)index << PAGE_SHIFT,
-				    PAGE_SIZE, 1);
+	memwatch_zap(ctx, index);
 	mutex_unlock(&ctx->pages_lock);
 	/* No watch of the page is left to bump a word: they are final. */
 	words = page_address(page);
