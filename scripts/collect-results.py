@@ -309,11 +309,12 @@ def parse_cluster(d, name="cluster"):
 def parse_fixes(d):
     """The fix_* kselftests booted on the vanilla base and on the base with
     the rdma fixes series (DIR/rdma-fixes/{vanilla,fixes}/): each must pass
-    with the fixes and fail on vanilla, else it reproduces nothing. Each
+    with the fixes and fail on vanilla at its bug-specific assertion (the
+    REPRODUCED marker that assertion logs), else it reproduces nothing. Each
     kernel's plan (the cases the guest ran, from the binary's own list) must
     be met: a case that left no result on either kernel fails, so a vanilla
     kernel that dies half-way can never shorten the comparison."""
-    runs, plans = {}, {}
+    runs, plans, reproduced = {}, {}, {}
     for kind in ("vanilla", "fixes"):
         tap, plan = d / kind / "fix.tap", d / kind / "plan"
         if not tap.exists():
@@ -321,10 +322,14 @@ def parse_fixes(d):
         if not plan.exists():
             return [failed(f"rdma-fixes: {kind} plan", f"no {plan}: the {kind} guest wrote no plan")]
         plans[kind] = plan.read_text().split()
+        text = tap.read_text(errors="replace")
         # A skip proves nothing either way: it fails the case on either kernel.
         runs[kind] = {name: "skip" if skip else res for res, name, skip in
-                      re.findall(r"^(ok|not ok) \d+ \S+?\.(fix_\w+)( # SKIP)?", tap.read_text(errors="replace"),
-                                 re.M)}
+                      re.findall(r"^(ok|not ok) \d+ \S+?\.(fix_\w+)( # SKIP)?", text, re.M)}
+        # The bug-specific assertion of a case logs its marker when it
+        # fails (TH_LOG: "# FILE:LINE:CASE:REPRODUCED: ..."): a failure
+        # without it (setup, a missing device) reproduces nothing.
+        reproduced[kind] = set(re.findall(r"^# [^:\n]+:\d+:(fix_\w+):REPRODUCED:", text, re.M))
     tests = []
     for name in plans["fixes"]:
         res = runs["fixes"].get(name)
@@ -333,9 +338,12 @@ def parse_fixes(d):
                                                  else "left no result with the fixes"})})
     for name in plans["vanilla"]:
         res = runs["vanilla"].get(name)
-        tests.append({"name": f"on vanilla: {name} fails", "outcome": "passed" if res == "not ok" else "failed",
-                      **({} if res == "not ok" else
+        ok = res == "not ok" and name in reproduced["vanilla"]
+        tests.append({"name": f"on vanilla: {name} fails", "outcome": "passed" if ok else "failed",
+                      **({} if ok else
                          {"reason": "passes on vanilla: it reproduces nothing" if res == "ok"
+                          else "fails on vanilla without its REPRODUCED marker: not the bug"
+                          if res == "not ok"
                           else "skipped on vanilla" if res else "left no result on vanilla"})})
     if not plans["fixes"] or not plans["vanilla"]:
         tests.append(failed("rdma-fixes: runs", "a kernel planned no fix_* test"))

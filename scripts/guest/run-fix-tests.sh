@@ -13,7 +13,7 @@ uname -r >"$out/kernel"
 : >"$out/plan"
 : >"$out/not-run"
 set --
-for t in $("$bin" -l 2>&1 | grep -o 'fix_[a-z_]*'); do
+for t in $("$bin" -l 2>&1 | grep -o 'fix_[a-z0-9_]*'); do
 	if [ "$kind" = vanilla ] && [ "$t" = fix_prefetch_of_a_pinned_mr_is_refused ]; then
 		echo "$t on vanilla a prefetch of a pinned MR reads its umem as an ODP umem, past the allocation" >>"$out/not-run"
 		continue

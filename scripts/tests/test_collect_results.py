@@ -176,6 +176,8 @@ class Parsers(unittest.TestCase):
         tests = cr.parse_unittest(self.write("x.log", "test_a (m.C.test_a) ... ok\nSegmentation fault\n"))
         self.assertEqual([t["outcome"] for t in tests], ["passed", "failed"])
 
+    A_REPRODUCED = "# rxe_odp_data.c:42:fix_a:REPRODUCED: the bytes moved are not the buffer's\n"
+
     def test_fixes(self):
         """A fix_* test must fail on vanilla and pass with the fixes; one
         that passes on vanilla reproduces nothing, a skip proves nothing."""
@@ -187,8 +189,18 @@ class Parsers(unittest.TestCase):
             return outcomes(cr.parse_fixes(Path(self.dir.name) / "fx"))
         (Path(self.dir.name) / "fx/vanilla").mkdir(parents=True)
         (Path(self.dir.name) / "fx/fixes").mkdir(parents=True)
-        self.assertEqual(run("not ok 1 odp.fix_a\n", "ok 1 odp.fix_a\n"),
+        self.assertEqual(run(self.A_REPRODUCED + "not ok 1 odp.fix_a\n", "ok 1 odp.fix_a\n"),
                          {"on vanilla: fix_a fails": "passed", "with the fixes: fix_a": "passed"})
+        # A failure elsewhere than at the bug's assertion (no marker, or
+        # another case's) reproduces nothing.
+        self.assertEqual(run("# x.c:9:fix_a:Expected 0 == ibv_reg_mr\nnot ok 1 odp.fix_a\n", "ok 1 odp.fix_a\n"),
+                         {"on vanilla: fix_a fails": "failed", "with the fixes: fix_a": "passed"})
+        self.assertEqual(run("# x.c:9:fix_ab:REPRODUCED: y\nnot ok 1 odp.fix_a\n", "ok 1 odp.fix_a\n"),
+                         {"on vanilla: fix_a fails": "failed", "with the fixes: fix_a": "passed"})
+        # Names with digits (fix_retry_count_7_...).
+        self.assertEqual(run("# x.c:9:fix_a7_b:REPRODUCED: y\nnot ok 1 odp.fix_a7_b\n", "ok 1 odp.fix_a7_b\n",
+                             plan="fix_a7_b"),
+                         {"on vanilla: fix_a7_b fails": "passed", "with the fixes: fix_a7_b": "passed"})
         self.assertEqual(run("ok 1 odp.fix_a\n", "not ok 1 odp.fix_a\n"),
                          {"on vanilla: fix_a fails": "failed", "with the fixes: fix_a": "failed"})
         self.assertEqual(run("ok 1 odp.fix_a # SKIP x\n", "ok 1 odp.fix_a # SKIP x\n"),
@@ -202,7 +214,7 @@ class Parsers(unittest.TestCase):
         got = run("not ok 1 odp.fix_a\n", "ok 1 odp.fix_a\nok 2 odp.fix_b\n", plan="fix_a\nfix_b\n",
                   vplan="fix_a\n")
         self.assertEqual(got["on vanilla: fix_b"], "failed")
-        got = run("not ok 1 odp.fix_a\n", "ok 1 odp.fix_a\nok 2 odp.fix_b\n", plan="fix_a\nfix_b\n",
+        got = run(self.A_REPRODUCED + "not ok 1 odp.fix_a\n", "ok 1 odp.fix_a\nok 2 odp.fix_b\n", plan="fix_a\nfix_b\n",
                   vplan="fix_a\n", excused="fix_b crashes vanilla\n")
         self.assertNotIn("on vanilla: fix_b", got)
         self.assertEqual(got["with the fixes: fix_b"], "passed")
@@ -251,7 +263,8 @@ class Parsers(unittest.TestCase):
         # The fix_* tests: failing on vanilla, passing with the fixes.
         for kind, res in (("vanilla", "not ok"), ("fixes", "ok")):
             (d / f"rdma-fixes/{kind}").mkdir(parents=True, exist_ok=True)
-            self.write(f"rdma-fixes/{kind}/fix.tap", f"TAP version 13\n1..1\n{res} 1 odp.fix_a\n")
+            marker = self.A_REPRODUCED if kind == "vanilla" else ""
+            self.write(f"rdma-fixes/{kind}/fix.tap", f"TAP version 13\n1..1\n{marker}{res} 1 odp.fix_a\n")
             self.write(f"rdma-fixes/{kind}/plan", "fix_a\n")
         self.write("selftests.ktap", "1..1\n# selftests: a: b\n# ok 1 t\nok 1 selftests: a: b\n")
         self.write("upstream-kselftests.ktap",
