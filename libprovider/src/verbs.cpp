@@ -133,24 +133,32 @@ LoopbackQp::LoopbackQp(ibv_context *ctx, ibv_pd *pd, uint8_t min_rnr_timer)
 	qp_.reset(ibv_create_qp(pd, &init));
 	if (!qp_)
 		throw Error("ibv_create_qp", errno);
+	responder_.reset(ibv_create_qp(pd, &init));
+	if (!responder_)
+		throw Error("ibv_create_qp", errno);
+	connect(qp_.get(), responder_->qp_num, min_rnr_timer);
+	connect(responder_.get(), qp_->qp_num, min_rnr_timer);
+}
 
+// INIT, RTR and RTS, to @dest_qpn on the same port.
+void LoopbackQp::connect(ibv_qp *qp, uint32_t dest_qpn, uint8_t min_rnr_timer)
+{
 	ibv_qp_attr a{};
 	a.qp_state = IBV_QPS_INIT;
 	a.port_num = 1;
 	a.qp_access_flags =
 		IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-	if (int rc = ibv_modify_qp(qp_.get(), &a,
-				   IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-					   IBV_QP_ACCESS_FLAGS))
+	if (int rc = ibv_modify_qp(
+		    qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
 		throw Error("ibv_modify_qp(INIT)", rc);
 
 	ibv_gid gid{};
-	if (ibv_query_gid(ctx, 1, gid_index_, &gid))
+	if (ibv_query_gid(qp->context, 1, gid_index_, &gid))
 		throw Error("ibv_query_gid", errno);
 	a = {};
 	a.qp_state = IBV_QPS_RTR;
 	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = qp_->qp_num;
+	a.dest_qp_num = dest_qpn;
 	a.rq_psn = 0;
 	a.max_dest_rd_atomic = 1;
 	a.min_rnr_timer = min_rnr_timer;
@@ -159,7 +167,7 @@ LoopbackQp::LoopbackQp(ibv_context *ctx, ibv_pd *pd, uint8_t min_rnr_timer)
 	a.ah_attr.grh.sgid_index = static_cast<uint8_t>(gid_index_);
 	a.ah_attr.grh.hop_limit = 1;
 	a.ah_attr.port_num = 1;
-	if (int rc = ibv_modify_qp(qp_.get(), &a,
+	if (int rc = ibv_modify_qp(qp, &a,
 				   IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
 					   IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
 					   IBV_QP_MIN_RNR_TIMER))
@@ -175,7 +183,7 @@ LoopbackQp::LoopbackQp(ibv_context *ctx, ibv_pd *pd, uint8_t min_rnr_timer)
 	a.rnr_retry = 7;
 	a.sq_psn = 0;
 	a.max_rd_atomic = 1;
-	if (int rc = ibv_modify_qp(qp_.get(), &a,
+	if (int rc = ibv_modify_qp(qp, &a,
 				   IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
 					   IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
 					   IBV_QP_MAX_QP_RD_ATOMIC))
@@ -200,8 +208,8 @@ ibv_wc_status LoopbackQp::rdma(ibv_wr_opcode op, const ibv_mr *local, const void
 	wr.send_flags = IBV_SEND_SIGNALED;
 	wr.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(remote_addr);
 	wr.wr.rdma.rkey = remote->rkey;
-	// A SEND lands in a receive posted on the "remote" buffer: the QP is
-	// its own peer, so both completions come to the one CQ.
+	// A SEND lands in a receive posted on the "remote" buffer, on the
+	// responder; both QPs complete to the one CQ.
 	bool waiting_send = true, waiting_recv = false;
 	if (op == IBV_WR_SEND) {
 		ibv_sge rsge{.addr = reinterpret_cast<uintptr_t>(remote_addr),
@@ -212,7 +220,7 @@ ibv_wc_status LoopbackQp::rdma(ibv_wr_opcode op, const ibv_mr *local, const void
 		rwr.sg_list = &rsge;
 		rwr.num_sge = 1;
 		ibv_recv_wr *rbad = nullptr;
-		if (int rc = ibv_post_recv(qp_.get(), &rwr, &rbad))
+		if (int rc = ibv_post_recv(responder_.get(), &rwr, &rbad))
 			throw Error("ibv_post_recv", rc);
 		waiting_recv = true;
 	}
@@ -221,30 +229,33 @@ ibv_wc_status LoopbackQp::rdma(ibv_wr_opcode op, const ibv_mr *local, const void
 		throw Error("ibv_post_send", rc);
 
 	auto deadline = std::chrono::steady_clock::now() + timeout;
-	ibv_wc_status status = IBV_WC_SUCCESS;
+	ibv_wc_status send_status = IBV_WC_SUCCESS, recv_status = IBV_WC_SUCCESS;
 	while (waiting_send || waiting_recv) {
 		ibv_wc wc{};
 		int n = ibv_poll_cq(cq_.get(), 1, &wc);
 		if (n < 0)
 			throw Error("ibv_poll_cq", EIO);
 		if (n == 1) {
-			// A receive flushed after an earlier call failed is
-			// left over; any other completion not of this call's
-			// requests is a bug.
-			const bool mine = (wc.wr_id == send_id && waiting_send) ||
-					  (wc.wr_id == recv_id && waiting_recv);
-			if (!mine) {
-				if (wc.status == IBV_WC_WR_FLUSH_ERR)
-					continue;
+			// Left over from an earlier call that failed or timed
+			// out (a receive flushed, a send's late status).
+			if (wc.wr_id < send_id)
+				continue;
+			if (!(wc.wr_id == send_id && waiting_send) &&
+			    !(wc.wr_id == recv_id && waiting_recv))
 				throw Error("a completion of no request in flight", EIO);
+			if (wc.wr_id == send_id) {
+				waiting_send = false;
+				send_status = wc.status;
+			} else {
+				waiting_recv = false;
+				recv_status = wc.status;
 			}
-			(wc.wr_id == send_id ? waiting_send : waiting_recv) = false;
-			if (wc.status != IBV_WC_SUCCESS && status == IBV_WC_SUCCESS)
-				status = wc.status;
-			// A failed send flushes the receive too, or leaves it
-			// posted: either way there is nothing more to wait for.
-			if (status != IBV_WC_SUCCESS)
-				return status;
+			// A failed send leaves its receive posted, or flushed
+			// later: nothing more to wait for. A failed receive
+			// is followed by the send's own status (the NAK's),
+			// which says more: wait for that.
+			if (send_status != IBV_WC_SUCCESS)
+				return send_status;
 			continue;
 		}
 		if (std::chrono::steady_clock::now() > deadline)
@@ -253,7 +264,7 @@ ibv_wc_status LoopbackQp::rdma(ibv_wr_opcode op, const ibv_mr *local, const void
 		// every time measured); the yield leaves rxe's work the CPU.
 		std::this_thread::yield();
 	}
-	return status;
+	return recv_status;
 }
 
 } // namespace odpwatch::verbs

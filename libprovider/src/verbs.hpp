@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
-// RAII ownership of verbs objects and memory mappings, and a loopback RC QP
-// (connected to itself) for moving bytes through an MR inside one process.
+// RAII ownership of verbs objects and memory mappings, and a loopback pair of
+// RC QPs for moving bytes through an MR inside one process.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -73,13 +73,17 @@ private:
 // The first RoCE v2 GID on port 1 with an IPv4-mapped address, or -1.
 int roce_v2_ipv4_gid_index(ibv_context *ctx);
 
-// An RC QP connected to itself: RDMA operations go from a local MR to another
-// local MR through the full transport, as they would between two peers.
+// Two RC QPs on one port connected to each other, a requester and its
+// responder: RDMA operations go from a local MR to another local MR through
+// the full transport, as they would between two peers. (Not one QP as its
+// own peer: a responder's error would move the requester's QP to the error
+// state too, and its request would complete as flushed, not with the NAK's
+// status.)
 class LoopbackQp
 {
 public:
-	// min_rnr_timer: the RNR NAK timer it asks its requester (itself) for;
-	// 12 is 0.64 ms, 0 is 655 ms (rdma_cm's default).
+	// min_rnr_timer: the RNR NAK timer the responder asks the requester
+	// for; 12 is 0.64 ms, 0 is 655 ms (rdma_cm's default).
 	LoopbackQp(ibv_context *ctx, ibv_pd *pd, uint8_t min_rnr_timer = 12);
 	int gid_index() const noexcept { return gid_index_; }
 	// Post one signaled RDMA WRITE, RDMA READ or SEND between a local and a
@@ -95,8 +99,11 @@ public:
 	}
 
 private:
-	Cq cq_;
-	Qp qp_;
+	void connect(ibv_qp *qp, uint32_t dest_qpn, uint8_t min_rnr_timer);
+
+	Cq cq_;	       // both QPs' completions
+	Qp qp_;	       // the requester
+	Qp responder_; // where the "remote" MRs are reached, and a SEND lands
 	int gid_index_ = -1;
 	uint64_t requests_ = 0; // rdma() calls, for their requests' ids
 };
