@@ -196,12 +196,15 @@ private:
 			return;
 		}
 		const uint64_t one = 1;
+		m.stopping_ = true; // seen even if poll() keeps failing
 		if (write(m.wake_fd_, &one, sizeof(one)) < 0)
 			std::perror("odpwatch-ofi: waking the event thread");
 		m.thread_->join();
 		m.thread_.reset();
 		::close(m.wake_fd_);
 		m.wake_fd_ = -1;
+		m.stopping_ = false;
+		m.errors_ = 0;
 		std::lock_guard lock(m.mu_);
 		m.regions_.clear();
 		m.by_id_.clear();
@@ -333,10 +336,14 @@ private:
 		pollfd fds[2] = {{mw_->fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
 		for (;;) {
 			if (poll(fds, 2, -1) < 0) {
-				if (errno == EINTR)
-					continue;
-				std::perror("odpwatch-ofi: poll");
-				return;
+				if (errno != EINTR) {
+					if (!errors_++)
+						std::perror("odpwatch-ofi: poll");
+					if (stopping_)
+						return;
+					std::this_thread::sleep_for(kRetry);
+				}
+				continue;
 			}
 			if (fds[1].revents)
 				return;
@@ -360,8 +367,13 @@ private:
 						notify(a, a + l);
 				}
 			} catch (const odpwatch::verbs::Error &e) {
-				std::fprintf(stderr, "odpwatch-ofi: %s\n", e.what());
-				return;
+				// Not the end of the thread: without it a stale
+				// region shared by two caches is flushed only when
+				// each looks it up, and a cache that never does
+				// makes the other register anew on every message.
+				if (!errors_++)
+					std::fprintf(stderr, "odpwatch-ofi: %s\n", e.what());
+				std::this_thread::sleep_for(kRetry);
 			}
 			// Let a burst of unmaps gather: while this thread is not
 			// waiting, memwatch queues their events without waking it,
@@ -372,6 +384,7 @@ private:
 	}
 
 	static constexpr std::chrono::milliseconds kCoalesce{1};
+	static constexpr std::chrono::milliseconds kRetry{10}; // after a failed poll or read
 
 	// The process the monitor belongs to; a fork child takes it over in
 	// forget_parent() (start and stop come from libfabric one at a time).
@@ -399,6 +412,8 @@ private:
 	uint64_t hits_ = 0, stale_ = 0; // under mu_
 	std::atomic<uint64_t> subscribes_{0}, unsubscribes_{0};
 	std::atomic<uint64_t> notifies_{0}, events_{0}, rescans_{0}, refused_{0};
+	uint64_t errors_ = 0; // the event thread's failed polls and reads, told once
+	std::atomic<bool> stopping_{false};
 };
 
 } // namespace
