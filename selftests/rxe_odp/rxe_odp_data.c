@@ -475,6 +475,56 @@ static int wait_cq(struct ibv_cq *cq, long ms)
 	return -1;
 }
 
+/* A sender and a receiver RC QP, each completing to a CQ of its own. */
+struct qp_pair {
+	struct ibv_cq *scq, *rcq;
+	struct ibv_qp *sender, *receiver;
+};
+
+/*
+ * Make @p in @pd, @wrs work requests deep, not connected; the receiver
+ * takes its receives from @srq, or from a queue of its own if NULL.
+ */
+static int qp_pair_create(struct ibv_pd *pd, unsigned int wrs,
+			  struct ibv_srq *srq, struct qp_pair *p)
+{
+	struct ibv_qp_init_attr init = {
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = wrs, .max_recv_wr = wrs,
+			 .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+
+	*p = (struct qp_pair){ 0 };
+	p->scq = ibv_create_cq(pd->context, 2 * wrs, NULL, NULL, 0);
+	p->rcq = ibv_create_cq(pd->context, 2 * wrs, NULL, NULL, 0);
+	if (!p->scq || !p->rcq)
+		return -1;
+	init.send_cq = p->scq;
+	init.recv_cq = p->scq;
+	p->sender = ibv_create_qp(pd, &init);
+	init.send_cq = p->rcq;
+	init.recv_cq = p->rcq;
+	init.srq = srq;
+	p->receiver = ibv_create_qp(pd, &init);
+	return p->sender && p->receiver ? 0 : -1;
+}
+
+/* Destroy what @p holds; the number of objects that would not go. */
+static int qp_pair_destroy(struct qp_pair *p)
+{
+	int failed = 0;
+
+	if (p->sender)
+		failed += !!ibv_destroy_qp(p->sender);
+	if (p->receiver)
+		failed += !!ibv_destroy_qp(p->receiver);
+	if (p->scq)
+		failed += !!ibv_destroy_cq(p->scq);
+	if (p->rcq)
+		failed += !!ibv_destroy_cq(p->rcq);
+	return failed;
+}
+
 #define RNR_SENDS 3
 
 /*
@@ -491,14 +541,8 @@ static int wait_cq(struct ibv_cq *cq, long ms)
  */
 TEST_F_TIMEOUT(odp, fix_rnr_waits_leave_the_retry_count_alone, 120)
 {
-	struct ibv_qp_init_attr init = {
-		.qp_type = IBV_QPT_RC,
-		.cap = { .max_send_wr = RNR_SENDS, .max_recv_wr = RNR_SENDS,
-			 .max_send_sge = 1, .max_recv_sge = 1 },
-	};
 	static const uint8_t retry_cnts[] = { 6, 7 };
-	struct ibv_cq *scq, *rcq;
-	struct ibv_qp *sender, *receiver;
+	struct qp_pair p;
 	struct ibv_recv_wr rwr, *bad_rwr;
 	struct ibv_send_wr swr, *bad_swr;
 	struct ibv_sge ssge, rsge;
@@ -507,22 +551,11 @@ TEST_F_TIMEOUT(odp, fix_rnr_waits_leave_the_retry_count_alone, 120)
 	int status;
 
 	for (i = 0; i < ARRAY_SIZE(retry_cnts); i++) {
-		scq = ibv_create_cq(self->ctx, 2 * RNR_SENDS, NULL, NULL, 0);
-		rcq = ibv_create_cq(self->ctx, 2 * RNR_SENDS, NULL, NULL, 0);
-		ASSERT_NE(NULL, scq);
-		ASSERT_NE(NULL, rcq);
-		init.send_cq = scq;
-		init.recv_cq = scq;
-		sender = ibv_create_qp(self->pd, &init);
-		init.send_cq = rcq;
-		init.recv_cq = rcq;
-		receiver = ibv_create_qp(self->pd, &init);
-		ASSERT_NE(NULL, sender);
-		ASSERT_NE(NULL, receiver);
-		ASSERT_EQ(0, connect_qp_timers(self->ctx, sender, receiver, 12,
-					       retry_cnts[i]));
-		ASSERT_EQ(0, connect_qp_timers(self->ctx, receiver, sender, 0,
-					       7));
+		ASSERT_EQ(0, qp_pair_create(self->pd, RNR_SENDS, NULL, &p));
+		ASSERT_EQ(0, connect_qp_timers(self->ctx, p.sender, p.receiver,
+					       12, retry_cnts[i]));
+		ASSERT_EQ(0, connect_qp_timers(self->ctx, p.receiver, p.sender,
+					       0, 7));
 
 		fill(src, RNR_SENDS * 64, i);
 		memset(dst, 0, RNR_SENDS * 64);
@@ -533,9 +566,9 @@ TEST_F_TIMEOUT(odp, fix_rnr_waits_leave_the_retry_count_alone, 120)
 				.wr_id = j, .sg_list = &ssge, .num_sge = 1,
 				.opcode = IBV_WR_SEND,
 				.send_flags = IBV_SEND_SIGNALED };
-			ASSERT_EQ(0, ibv_post_send(sender, &swr, &bad_swr));
+			ASSERT_EQ(0, ibv_post_send(p.sender, &swr, &bad_swr));
 		}
-		status = wait_cq(scq, 8000);
+		status = wait_cq(p.scq, 8000);
 		ASSERT_EQ(-1, status)
 			TH_LOG("REPRODUCED: retry_cnt %u: a SEND completed (%s) before any receive",
 			       retry_cnts[i], status < 0 ? "ibv_poll_cq failed" :
@@ -545,19 +578,16 @@ TEST_F_TIMEOUT(odp, fix_rnr_waits_leave_the_retry_count_alone, 120)
 						 self->l.local->lkey };
 			rwr = (struct ibv_recv_wr){ .sg_list = &rsge,
 						    .num_sge = 1 };
-			ASSERT_EQ(0, ibv_post_recv(receiver, &rwr, &bad_rwr));
+			ASSERT_EQ(0, ibv_post_recv(p.receiver, &rwr, &bad_rwr));
 		}
 		for (j = 0; j < RNR_SENDS; j++) {
-			ASSERT_EQ(IBV_WC_SUCCESS, wait_cq(scq, 10000))
+			ASSERT_EQ(IBV_WC_SUCCESS, wait_cq(p.scq, 10000))
 				TH_LOG("retry_cnt %u: SEND %u", retry_cnts[i], j);
-			ASSERT_EQ(IBV_WC_SUCCESS, wait_cq(rcq, 10000));
+			ASSERT_EQ(IBV_WC_SUCCESS, wait_cq(p.rcq, 10000));
 		}
 		EXPECT_EQ(0, memcmp(dst, src, RNR_SENDS * 64));
 
-		EXPECT_EQ(0, ibv_destroy_qp(sender));
-		EXPECT_EQ(0, ibv_destroy_qp(receiver));
-		EXPECT_EQ(0, ibv_destroy_cq(scq));
-		EXPECT_EQ(0, ibv_destroy_cq(rcq));
+		EXPECT_EQ(0, qp_pair_destroy(&p));
 	}
 }
 
@@ -647,83 +677,61 @@ TEST_F_TIMEOUT(odp, fix_last_wqe_reached_once_per_entry_into_the_error_state,
 	struct ibv_srq_init_attr srq_init = {
 		.attr = { .max_wr = LAST_WQE_SENDS, .max_sge = 1 },
 	};
-	struct ibv_qp_init_attr init = {
-		.qp_type = IBV_QPT_RC,
-		.cap = { .max_send_wr = LAST_WQE_SENDS,
-			 .max_recv_wr = LAST_WQE_SENDS,
-			 .max_send_sge = 1, .max_recv_sge = 1 },
-	};
 	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_ERR };
 	struct ibv_sge sge = { (uintptr_t)self->l.local_buf, 64,
 			       self->l.local->lkey };
 	struct ibv_send_wr wr = { .sg_list = &sge, .num_sge = 1,
 				  .opcode = IBV_WR_SEND,
 				  .send_flags = IBV_SEND_SIGNALED };
-	struct ibv_qp *sender, *receiver;
 	struct ibv_send_wr *bad;
-	struct ibv_cq *scq, *rcq;
 	struct ibv_srq *srq;
+	struct qp_pair p;
 	int flags, others = 0, n, j;
 
 	flags = fcntl(self->ctx->async_fd, F_GETFL);
 	ASSERT_EQ(0, fcntl(self->ctx->async_fd, F_SETFL, flags | O_NONBLOCK));
 	srq = ibv_create_srq(self->pd, &srq_init);
 	ASSERT_NE(NULL, srq) TH_LOG("ibv_create_srq: %s", strerror(errno));
-	scq = ibv_create_cq(self->ctx, 2 * LAST_WQE_SENDS, NULL, NULL, 0);
-	rcq = ibv_create_cq(self->ctx, 2 * LAST_WQE_SENDS, NULL, NULL, 0);
-	ASSERT_NE(NULL, scq);
-	ASSERT_NE(NULL, rcq);
-	init.send_cq = scq;
-	init.recv_cq = scq;
-	sender = ibv_create_qp(self->pd, &init);
-	init.send_cq = rcq;
-	init.recv_cq = rcq;
-	init.srq = srq;
-	receiver = ibv_create_qp(self->pd, &init);
-	ASSERT_NE(NULL, sender);
-	ASSERT_NE(NULL, receiver);
+	ASSERT_EQ(0, qp_pair_create(self->pd, LAST_WQE_SENDS, srq, &p));
 	/* Retry count 2: the error state answers nothing, let it give up. */
-	ASSERT_EQ(0, connect_qp_timers(self->ctx, sender, receiver, 12, 2));
-	ASSERT_EQ(0, connect_qp(self->ctx, receiver, sender));
-	ASSERT_EQ(0, last_wqe_events(self->ctx, receiver, 0, &others));
+	ASSERT_EQ(0, connect_qp_timers(self->ctx, p.sender, p.receiver, 12, 2));
+	ASSERT_EQ(0, connect_qp(self->ctx, p.receiver, p.sender));
+	ASSERT_EQ(0, last_wqe_events(self->ctx, p.receiver, 0, &others));
 	ASSERT_EQ(0, others);
 
-	ASSERT_EQ(0, ibv_modify_qp(receiver, &attr, IBV_QP_STATE));
-	EXPECT_EQ(1, last_wqe_events(self->ctx, receiver, 2000, &others))
+	ASSERT_EQ(0, ibv_modify_qp(p.receiver, &attr, IBV_QP_STATE));
+	EXPECT_EQ(1, last_wqe_events(self->ctx, p.receiver, 2000, &others))
 		TH_LOG("entering the error state");
 
 	for (j = 0; j < LAST_WQE_SENDS; j++) {
 		wr.wr_id = j;
-		ASSERT_EQ(0, ibv_post_send(sender, &wr, &bad));
+		ASSERT_EQ(0, ibv_post_send(p.sender, &wr, &bad));
 	}
-	EXPECT_EQ(IBV_WC_RETRY_EXC_ERR, wait_cq(scq, 60000));
+	EXPECT_EQ(IBV_WC_RETRY_EXC_ERR, wait_cq(p.scq, 60000));
 	for (j = 1; j < LAST_WQE_SENDS; j++)
-		EXPECT_EQ(IBV_WC_WR_FLUSH_ERR, wait_cq(scq, 10000));
-	n = last_wqe_events(self->ctx, receiver, 2000, &others);
+		EXPECT_EQ(IBV_WC_WR_FLUSH_ERR, wait_cq(p.scq, 10000));
+	n = last_wqe_events(self->ctx, p.receiver, 2000, &others);
 	EXPECT_EQ(0, n)
 		TH_LOG("REPRODUCED: %d more events for packets in the error state",
 		       n);
 
-	ASSERT_EQ(0, ibv_modify_qp(receiver, &attr, IBV_QP_STATE));
-	n = last_wqe_events(self->ctx, receiver, 2000, &others);
+	ASSERT_EQ(0, ibv_modify_qp(p.receiver, &attr, IBV_QP_STATE));
+	n = last_wqe_events(self->ctx, p.receiver, 2000, &others);
 	EXPECT_EQ(0, n)
 		TH_LOG("REPRODUCED: %d more events for a move from error to error",
 		       n);
 
 	attr.qp_state = IBV_QPS_RESET;
-	ASSERT_EQ(0, ibv_modify_qp(receiver, &attr, IBV_QP_STATE));
-	ASSERT_EQ(0, connect_qp(self->ctx, receiver, sender));
+	ASSERT_EQ(0, ibv_modify_qp(p.receiver, &attr, IBV_QP_STATE));
+	ASSERT_EQ(0, connect_qp(self->ctx, p.receiver, p.sender));
 	attr.qp_state = IBV_QPS_ERR;
-	ASSERT_EQ(0, ibv_modify_qp(receiver, &attr, IBV_QP_STATE));
-	EXPECT_EQ(1, last_wqe_events(self->ctx, receiver, 2000, &others))
+	ASSERT_EQ(0, ibv_modify_qp(p.receiver, &attr, IBV_QP_STATE));
+	EXPECT_EQ(1, last_wqe_events(self->ctx, p.receiver, 2000, &others))
 		TH_LOG("entering the error state again after RESET");
 	EXPECT_EQ(0, others) TH_LOG("%d events of another kind or QP", others);
 
-	EXPECT_EQ(0, ibv_destroy_qp(sender));
-	EXPECT_EQ(0, ibv_destroy_qp(receiver));
+	EXPECT_EQ(0, qp_pair_destroy(&p));
 	EXPECT_EQ(0, ibv_destroy_srq(srq));
-	EXPECT_EQ(0, ibv_destroy_cq(scq));
-	EXPECT_EQ(0, ibv_destroy_cq(rcq));
 	EXPECT_EQ(0, fcntl(self->ctx->async_fd, F_SETFL, flags));
 }
 
