@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cinttypes>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -372,18 +373,24 @@ int pin_forever(const std::string &policy, size_t memlock_mib)
 		CHECK_RC(-odpwatch_cache_create(&attr, &cache), 0);
 		owned.reset(cache);
 	}
-	auto registrations = [&]() -> size_t {
-		if (forever)
-			return forever->registrations();
-		odpwatch_cache_stats st{};
-		CHECK_RC(-odpwatch_cache_query(cache, &st), 0);
-		return st.registrations;
-	};
+	// After the counts the tests read, the cache's own: why it holds less
+	// than a phase registered (found stale, evicted, retried after ENOMEM).
 	auto sample = [&](size_t phase, const char *when, size_t mib) {
 		const Memory m = memory_now();
+		odpwatch_cache_stats st{};
+		if (cache)
+			CHECK_RC(-odpwatch_cache_query(cache, &st), 0);
 		std::printf("phase %zu %s: %zu MiB in buffers, rss %zu KiB, pinned %zu KiB, "
-			    "registrations %zu\n",
-			    phase, when, mib, m.rss_kib, m.pin_kib, registrations());
+			    "registrations %zu",
+			    phase, when, mib, m.rss_kib, m.pin_kib,
+			    forever ? forever->registrations() : size_t(st.registrations));
+		if (cache)
+			std::printf("; cache: %" PRIu64 " entries of %" PRIu64 " KiB, %" PRIu64
+				    " stale, %" PRIu64 " evicted, %" PRIu64 " merges, %" PRIu64
+				    " retries, %" PRIu64 " deregistrations",
+				    st.entries, st.bytes >> 10, st.invalidations, st.evictions,
+				    st.merges, st.retries, st.deregistrations);
+		std::printf("\n");
 		std::fflush(stdout);
 	};
 
