@@ -996,8 +996,9 @@ void memlock_union_keeps_others()
 			s = c.stats();
 			std::printf("# the other buffer again: %s\n",
 				    s.misses == misses ? "a hit" : "a miss");
-			rc = s.retries >= 1 && s.entries == 2 && s.bytes == (192 + 64) * K &&
-					     s.misses == misses && p.received('o')
+			rc = s.retries == 1 && s.evictions == 1 && s.entries == 2 &&
+					     s.bytes == (192 + 64) * K && s.misses == misses &&
+					     p.received('o')
 				     ? 0
 				     : 23;
 		} catch (const std::exception &e) {

@@ -74,7 +74,7 @@ struct odpwatch_cache_stats {
 	uint64_t max_entries;	  /* the limits in effect */
 	uint64_t max_bytes;
 	uint64_t merges;  /* entries replaced by one covering their union */
-	uint64_t retries; /* registrations retried after dropping unused ones */
+	uint64_t retries; /* registrations tried again after ENOMEM made room (up to 2 a get) */
 	/* gets served uncached: AUTO with neither ODP nor memwatch */
 	uint64_t uncached;
 	uint64_t reserved[5];
