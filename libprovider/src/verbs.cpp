@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <thread>
 #include <utility>
 
@@ -188,6 +189,20 @@ void LoopbackQp::connect(ibv_qp *qp, uint32_t dest_qpn, uint8_t min_rnr_timer)
 					   IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
 					   IBV_QP_MAX_QP_RD_ATOMIC))
 		throw Error("ibv_modify_qp(RTS)", rc);
+}
+
+std::string LoopbackQp::states() const
+{
+	auto state = [](ibv_qp *qp) -> std::string {
+		static const char *const names[] = {"RESET", "INIT", "RTR", "RTS",
+						    "SQD",   "SQE",  "ERR"};
+		ibv_qp_attr a{};
+		ibv_qp_init_attr init{};
+		if (ibv_query_qp(qp, &a, IBV_QP_STATE, &init))
+			return std::string("unknown (") + std::strerror(errno) + ")";
+		return a.qp_state < std::size(names) ? names[a.qp_state] : "?";
+	};
+	return "requester " + state(qp_.get()) + ", responder " + state(responder_.get());
 }
 
 ibv_wc_status LoopbackQp::rdma(ibv_wr_opcode op, const ibv_mr *local, const void *local_addr,

@@ -92,6 +92,9 @@ public:
 	ibv_wc_status rdma(ibv_wr_opcode op, const ibv_mr *local, const void *local_addr,
 			   size_t len, const ibv_mr *remote, const void *remote_addr,
 			   std::chrono::milliseconds timeout = std::chrono::seconds(30));
+	// "requester RTS, responder RTS": the two QPs' states, for a report of
+	// a completion in error (a responder in ERR drops every request).
+	std::string states() const;
 	ibv_wc_status rdma_write(const ibv_mr *src, const void *src_addr, size_t len,
 				 const ibv_mr *dst, const void *dst_addr)
 	{

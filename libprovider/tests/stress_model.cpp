@@ -26,10 +26,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -166,8 +168,36 @@ private:
 	template <class F> void op(const char *name, F &&f)
 	{
 		name_ = name;
+		pair_ = -1;
 		f();
 		counts_[name]++;
+		done_[n_done_++ % done_.size()] = {step_, name, pair_};
+	}
+	// For a completion in error: the QP pair's states, rxe's counters
+	// that tell a dead responder (in ERR, it drops every request unseen)
+	// from a slow one, and the steps before with the pair each used.
+	std::string qp_report()
+	{
+		if (pair_ < 0)
+			return "";
+		std::string r =
+			"; QP pair " + std::to_string(pair_) + ": " + qps_[size_t(pair_)]->states();
+		const std::string dir = std::string("/sys/class/infiniband/") +
+					ibv_get_device_name(ctx_->device) + "/ports/1/hw_counters/";
+		for (const char *c : {"duplicate_request", "completer_retry_err",
+				      "retry_exceeded_err", "ack_deferred", "rdma_recvs"}) {
+			std::ifstream f(dir + c);
+			unsigned long v = 0;
+			if (f >> v)
+				r += std::string(", ") + c + " " + std::to_string(v);
+		}
+		r += "; the steps before:";
+		for (size_t k = n_done_ - std::min(n_done_, done_.size()); k < n_done_; k++) {
+			const Done &d = done_[k % done_.size()];
+			r += " " + std::to_string(d.step) + " " + d.name +
+			     (d.pair >= 0 ? " (pair " + std::to_string(d.pair) + ")" : "") + ",";
+		}
+		return r;
 	}
 	[[noreturn]] void fail(const std::string &what)
 	{
@@ -308,11 +338,16 @@ private:
 		if (st != IBV_WC_SUCCESS)
 			fail(std::string(what) + " completed with '" + ibv_wc_status_str(st) +
 			     "' (remote MR: " +
-			     (remote == implicit_.get() ? "implicit ODP" : "explicit") + ")");
+			     (remote == implicit_.get() ? "implicit ODP" : "explicit") + ")" +
+			     qp_report());
 	}
 	// The slot's explicit ODP MR, or else the implicit one.
 	ibv_mr *odp_mr(size_t i) { return slots_[i].odp ? slots_[i].odp.get() : implicit_.get(); }
-	verbs::LoopbackQp &qp() { return *qps_[rng_() % qps_.size()]; }
+	verbs::LoopbackQp &qp()
+	{
+		pair_ = int(rng_() % qps_.size());
+		return *qps_[size_t(pair_)];
+	}
 	void advise(size_t i)
 	{
 		if (!slots_[i].mapped)
@@ -390,7 +425,7 @@ private:
 		odpwatch_cache_put(cache_.get(), reg);
 		if (st != IBV_WC_SUCCESS)
 			fail(std::string("SEND through the cache completed with '") +
-			     ibv_wc_status_str(st) + "'");
+			     ibv_wc_status_str(st) + "'" + qp_report());
 		expect_bytes("SEND through the cache", local_.data(), s.fill);
 		checks_++;
 		if (s.cached && after.hits == before.hits)
@@ -417,6 +452,14 @@ private:
 	verbs::Pd pd_ = verbs::alloc_pd(ctx_.get());
 	verbs::Mr implicit_ = verbs::reg_mr(pd_.get(), nullptr, SIZE_MAX, kOdp);
 	std::array<std::unique_ptr<verbs::LoopbackQp>, 2> qps_;
+	int pair_ = -1; // the QP pair the current step used, if any
+	struct Done {
+		uint64_t step;
+		const char *name;
+		int pair;
+	};
+	std::array<Done, 16> done_{};
+	size_t n_done_ = 0;
 	verbs::Mapping local_{kLen};
 	verbs::Mr local_mr_;
 	std::unique_ptr<Memwatch> mw_;
