@@ -632,6 +632,36 @@ def kernel_warnings():
             if any(w in line for w in ("WARNING:", "BUG:", "Oops", "cleanup failed"))]
 
 
+def thread_stacks():
+    """Each thread of this process: its state, wait channel and kernel
+    stack, to say where one that does not end is stuck."""
+    def read(path):
+        try:
+            with open(path) as f:
+                return f.read().strip()
+        except OSError as err:
+            return f"({err.strerror})"
+    out = []
+    for tid in sorted(os.listdir("/proc/self/task"), key=int):
+        d = f"/proc/self/task/{tid}"
+        state = next((ln[6:].strip() for ln in read(f"{d}/status").splitlines()
+                      if ln.startswith("State:")), "?")
+        out.append(f"thread {tid} ({read(f'{d}/comm')}) {state}, wchan {read(f'{d}/wchan')}:\n"
+                   f"{read(f'{d}/stack')}")
+    return "\n".join(out)
+
+
+def join_or_report(thread, timeout, what):
+    """Join @thread for at most @timeout s; if it is still running, fail with
+    every thread's kernel stack. A daemon thread left behind keeps the run
+    going: a hang costs this test, not the suite after it."""
+    thread.join(timeout)
+    if thread.is_alive():
+        stacks = thread_stacks()
+        print(stacks)
+        raise AssertionError(f"{what} still running after {timeout} s:\n{stacks}")
+
+
 def test_dereg_waits_for_a_fault_stuck_on_userfaultfd(ctx, pd, local):
     """A fault may sleep as long as its page takes: here on a userfaultfd
     range whose handler answers after HANDLER_DELAY seconds. ibv_dereg_mr()
@@ -713,7 +743,7 @@ def test_queued_work_never_outlives_its_mr(ctx, pd, local, work):
             except OSError as err:
                 assert err.errno == errno.EEXIST, err
 
-    server = threading.Thread(target=serve)
+    server = threading.Thread(target=serve, daemon=True)
     stuck, requester = [], None
     try:
         register_missing(uffd, region, mrs * LEN)
@@ -737,7 +767,7 @@ def test_queued_work_never_outlives_its_mr(ctx, pd, local, work):
         took = time.monotonic() - t0
         before_served = not served.is_set()
         dereg_done.set()
-        server.join()
+        join_or_report(server, 300, "the userfaultfd server")
         if requester:
             requester.wait(timeout=120)  # the write ends, one way or the other
         for mr in stuck:
@@ -750,7 +780,9 @@ def test_queued_work_never_outlives_its_mr(ctx, pd, local, work):
     finally:
         dereg_done.set()
         if server.is_alive():
-            server.join()
+            server.join(300)
+        if server.is_alive():  # the failure says where; the cleanup goes on
+            print(thread_stacks())
         os.close(uffd)  # wakes any fault still waiting for it
         for mr in stuck:
             mr.close()
@@ -780,7 +812,7 @@ def test_a_stuck_fault_stalls_no_other_child(ctx, pd, local, implicit):
         served.set()
         fcntl.ioctl(uffd, UFFDIO_ZEROPAGE, bytearray(struct.pack("QQQq", stuck, LEN, 0, 0)))
 
-    server = threading.Thread(target=serve)
+    server = threading.Thread(target=serve, daemon=True)
     try:
         # The two other children exist and map their pages.
         for addr in (gone, there):
@@ -805,7 +837,7 @@ def test_a_stuck_fault_stalls_no_other_child(ctx, pd, local, implicit):
         assert before_served, f"the WRITE waited for the stuck fault ({took:.1f} s)"
         assert_bytes(peek(there, 64), pattern(64, 3), "the third child's bytes")
         finish.set()
-        server.join()
+        join_or_report(server, 300, "the userfaultfd server")
         # The stuck WRITE ends one way or the other: its retry faults in
         # the QP's task, which answers nothing for 60 s, so its requester
         # may run out of transport retries first.
@@ -815,7 +847,9 @@ def test_a_stuck_fault_stalls_no_other_child(ctx, pd, local, implicit):
     finally:
         finish.set()
         if server.is_alive():
-            server.join()
+            server.join(300)
+        if server.is_alive():  # the failure says where; the cleanup goes on
+            print(thread_stacks())
         os.close(uffd)
         for addr in (stuck, there):
             munmap(addr, LEN)
