@@ -63,10 +63,32 @@ if runs pyverbs-tests; then
 	deselect=""
 	for t in $PYVERBS_DESELECT; do deselect="$deselect --deselect $t"; done
 	# shellcheck disable=SC2086 # lists of files and options by design
-	(cd /odpwatch/pyverbs-tests && python3 -m pytest -v -p no:cacheprovider -o console_output_style=classic \
+	(cd /odpwatch/pyverbs-tests && exec python3 -m pytest -v -p no:cacheprovider -o console_output_style=classic \
 		--timeout="$PYTEST_TIMEOUT" --junitxml="$dir/pyverbs-tests.xml" $deselect ${PYVERBS_TESTS:-.}) \
-		>"$dir/pyverbs-tests.log" 2>&1
+		>"$dir/pyverbs-tests.log" 2>&1 &
+	pytest=$!
+	# A test stuck where pytest's timeout cannot reach it (a thread in
+	# the kernel) holds the suite until the guest's deadline: once its log
+	# is quiet for the timeout and 300 s more, where each of pytest's
+	# threads is goes to pyverbs-tests.stuck, and the blocked tasks to the
+	# console (SysRq w).
+	(
+		while sleep 60 && kill -0 "$pytest" 2>/dev/null; do
+			quiet=$(($(date +%s) - $(stat -c %Y "$dir/pyverbs-tests.log")))
+			[ "$quiet" -gt $((PYTEST_TIMEOUT + 300)) ] || continue
+			for t in /proc/"$pytest"/task/*; do
+				echo "thread ${t##*/} ($(cat "$t/comm")) $(grep State: "$t/status"), wchan $(cat "$t/wchan"):"
+				cat "$t/stack"
+			done >"$dir/pyverbs-tests.stuck" 2>&1
+			say "suite pyverbs-tests: no output for ${quiet}s; threads' stacks in pyverbs-tests.stuck"
+			echo w >/proc/sysrq-trigger
+			break
+		done
+	) &
+	watchdog=$!
+	wait "$pytest"
 	echo "$?" >"$dir/pyverbs-tests.status"
+	kill "$watchdog" 2>/dev/null
 	say "suite pyverbs-tests: $(tail -n 1 "$dir/pyverbs-tests.log")"
 fi
 
