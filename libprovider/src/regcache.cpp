@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
@@ -111,11 +112,9 @@ struct RegCache::Entry {
 	verbs::Mr mr;
 	std::optional<Memwatch::Watch> watch;
 	std::atomic<uint32_t> refs{0};
-	// Counts the lives of this memory: a per-thread index entry holding an
-	// older count names an entry that is gone.
-	std::atomic<uint64_t> incarnation{0};
 	std::atomic<bool> used{false};	  // hit since eviction last looked
 	std::atomic<bool> retired{false}; // out of the map, freed at the last put
+	bool indexed = false;		  // in the page index (exclusive lock)
 	std::list<Entry *>::iterator lru_pos;
 	// What it pins: an implicit ODP MR covers everything and pins nothing.
 	uint64_t bytes() const { return policy == Policy::ImplicitOdp ? 0 : key.end - key.start; }
@@ -123,7 +122,8 @@ struct RegCache::Entry {
 
 RegCache::RegCache(Policy policy, Limits limits, OdpNeeds needs)
     : policy_(policy), needs_(needs), limits_(resolve_limits(limits)),
-      fork_generation_(fork_generation()), id_(++cache_ids)
+      fork_generation_(fork_generation()), id_(++cache_ids),
+      page_shift_(unsigned(std::countr_zero(page_size())))
 {
 }
 
@@ -357,8 +357,9 @@ std::unique_ptr<RegCache::Entry> RegCache::register_range(const Key &k, Policy p
 	}
 }
 
-// A fresh entry into the cache, in use once (exclusive lock held).
-void RegCache::insert(std::unique_ptr<Entry> e)
+// A fresh entry into the cache, in use once (exclusive lock held); into
+// the page index too if @index.
+void RegCache::insert(std::unique_ptr<Entry> e, bool index)
 {
 	e->refs = 1;
 	if (e->watch)
@@ -366,6 +367,8 @@ void RegCache::insert(std::unique_ptr<Entry> e)
 	bytes_ += e->bytes();
 	e->lru_pos = lru_.insert(lru_.end(), e.get());
 	const Key k = e->key;
+	if (index)
+		index_pages(e.get(), true);
 	entries_.emplace(k, std::move(e));
 }
 
@@ -387,12 +390,11 @@ void RegCache::destroy(std::unique_ptr<Entry> e) noexcept
 
 // Keeps e's memory as a shell for a later entry: a pointer to it that a
 // thread still holds (its index, a put racing an eviction, a second put)
-// keeps pointing to an Entry, whose incarnation tells it apart.
+// keeps pointing to an Entry, whose key and refs tell it apart (check_hit()).
 void RegCache::shelve(std::unique_ptr<Entry> e) noexcept
 {
 	e->magic = 0;
 	e->watch.reset();
-	e->incarnation++;
 	std::lock_guard lock(shells_mu_);
 	e->next_shell = shells_;
 	shells_ = e.release();
@@ -408,6 +410,7 @@ RegCache::Entry *RegCache::take_shell()
 			e->refs = no_refs; // until insert(): see recall()
 			e->used = false;
 			e->retired = false;
+			e->indexed = false;
 			e->magic = entry_magic;
 			return e;
 		}
@@ -516,6 +519,7 @@ void RegCache::invalidate(Entry *e, Graveyard &dead)
 	auto it = entries_.find(e->key);
 	auto owned = std::move(it->second);
 	entries_.erase(it);
+	index_pages(e, false);
 	lru_.erase(e->lru_pos);
 	bytes_ -= e->bytes();
 	if (e->watch)
@@ -601,18 +605,206 @@ size_t RegCache::process_events()
 	return process_events_locked(dead);
 }
 
+// Which cached entry holds a page, for one pd and access: a radix tree of
+// four levels of 512 slots over the page number, as a page table (48-bit
+// addresses with 4 KiB pages; pages beyond are not indexed). A slot holds a
+// child node, or an entry (bit 0 set) covering all of the slot's pages, so
+// that a 130 MiB union takes about 65 slots of 2 MiB and up to 1024 of a
+// page, not 33000. Written under the exclusive lock, at insert() and
+// invalidate(); read with acquire loads and no lock. A node an entry's
+// slot replaces goes to a free list, cleared, for a later part of the
+// tree: nodes are freed with the cache only (a reader may still be in
+// one), and there are never more than the tree needed at its largest.
+// What a reader finds may have left the cache, be another entry's, or its
+// memory may serve another entry by now: check_hit() tells; a slot that
+// is missing or wrong costs a locked lookup, never a wrong answer.
+struct RegCache::PageIndex {
+	static constexpr unsigned bits = 9, levels = 4;
+	static constexpr uintptr_t fanout = uintptr_t{1} << bits;
+	static constexpr uintptr_t pages = uintptr_t{1} << (bits * levels);
+	struct Node {
+		std::array<std::atomic<uintptr_t>, fanout> slot{};
+	};
+	Node root;
+	std::vector<std::unique_ptr<Node>> nodes; // all but the root
+	std::vector<Node *> free;		  // of those, cleared ones not in the tree
+
+	static constexpr uintptr_t span(unsigned level)
+	{
+		return uintptr_t{1} << (bits * (levels - 1 - level));
+	}
+	static uintptr_t leaf(Entry *e) { return reinterpret_cast<uintptr_t>(e) | 1; }
+	static bool is_node(uintptr_t v) { return v && !(v & 1); }
+
+	Entry *find(uintptr_t page) const noexcept
+	{
+		if (page >= pages)
+			return nullptr;
+		const Node *n = &root;
+		for (unsigned l = 0;; l++) {
+			const uintptr_t v =
+				n->slot[(page / span(l)) % fanout].load(std::memory_order_acquire);
+			if (v & 1)
+				return reinterpret_cast<Entry *>(v & ~uintptr_t{1});
+			if (!v || l == levels - 1)
+				return nullptr;
+			n = reinterpret_cast<const Node *>(v);
+		}
+	}
+
+	Node *new_node()
+	{
+		if (free.empty()) {
+			nodes.push_back(std::make_unique<Node>());
+			free.push_back(nodes.back().get());
+		}
+		Node *n = free.back();
+		free.pop_back();
+		return n;
+	}
+	// Node n (of level l) and the nodes under it, cleared, to the free list.
+	void drop(Node *n, unsigned l)
+	{
+		free.reserve(nodes.size()); // no allocation half-way
+		for (std::atomic<uintptr_t> &slot : n->slot) {
+			const uintptr_t v = slot.load(std::memory_order_relaxed);
+			if (is_node(v) && l + 1 < levels)
+				drop(reinterpret_cast<Node *>(v), l + 1);
+			slot.store(0, std::memory_order_relaxed);
+		}
+		free.push_back(n);
+	}
+
+	// Pages [lo, hi) under node n (level l, first page base) to e, or
+	// (on false) those that are e's to nothing.
+	void mark(Node &n, unsigned l, uintptr_t base, uintptr_t lo, uintptr_t hi, Entry *e,
+		  bool on)
+	{
+		const uintptr_t s = span(l);
+		const uintptr_t first = (std::max(lo, base) - base) / s;
+		const uintptr_t last = (std::min(hi, base + s * fanout) - base + s - 1) / s;
+		for (uintptr_t i = first; i < last; i++) {
+			const uintptr_t b = base + i * s;
+			std::atomic<uintptr_t> &slot = n.slot[i];
+			uintptr_t v = slot.load(std::memory_order_relaxed);
+			if (lo <= b && b + s <= hi) { // all its pages
+				if (on) {
+					slot.store(leaf(e), std::memory_order_release);
+					if (is_node(v)) // nothing else lives there
+						drop(reinterpret_cast<Node *>(v), l + 1);
+				} else if (v == leaf(e)) {
+					slot.store(0, std::memory_order_relaxed);
+				} else if (is_node(v)) {
+					mark(*reinterpret_cast<Node *>(v), l + 1, b, lo, hi, e, on);
+				}
+				continue;
+			}
+			if (!is_node(v)) {
+				// Part of its pages: a node under it. (Another
+				// entry's pages there would overlap e's, which a
+				// group's entries never do; forgetting them only
+				// costs a lookup.)
+				if (!on)
+					continue;
+				v = reinterpret_cast<uintptr_t>(new_node());
+				slot.store(v, std::memory_order_release);
+			}
+			mark(*reinterpret_cast<Node *>(v), l + 1, b, lo, hi, e, on);
+		}
+	}
+	void mark(uintptr_t lo, uintptr_t hi, Entry *e, bool on)
+	{
+		if (lo < pages)
+			mark(root, 0, 0, lo, std::min(hi, pages), e, on);
+	}
+};
+
+// The page index of pd and access; made (exclusive lock held) if @make
+// and there is room for it. nullptr if none.
+RegCache::PageIndex *RegCache::page_index(ibv_pd *pd, unsigned access, bool make)
+{
+	const unsigned n = n_indexed_.load(std::memory_order_acquire);
+	for (unsigned i = 0; i < n; i++)
+		if (indexed_[i].pd == pd && indexed_[i].access == access)
+			return indexed_[i].pages.get();
+	if (!make || n == indexed_.size())
+		return nullptr;
+	indexed_[n] = Indexed{pd, access, std::make_unique<PageIndex>()};
+	n_indexed_.store(n + 1, std::memory_order_release);
+	return indexed_[n].pages.get();
+}
+
+// Entry e's pages into its group's index, or out of it (exclusive lock
+// held). An implicit ODP entry (all of the address space) is not indexed:
+// the per-thread index serves it. Out of memory, e stays partly indexed or
+// not at all: a page not indexed costs its hits the lock, no more (and its
+// removal walks all of e's range, clearing only what is e's).
+void RegCache::index_pages(Entry *e, bool on)
+{
+	if (e->policy == Policy::ImplicitOdp || e->indexed == on)
+		return;
+	e->indexed = on;
+	try {
+		if (PageIndex *pi = page_index(e->key.pd, e->key.access, on))
+			pi->mark(e->key.start >> page_shift_, ((e->key.end - 1) >> page_shift_) + 1,
+				 e, on);
+	} catch (const std::bad_alloc &) {
+	}
+}
+
+// A hit from the page index, with a reference taken; nullptr to look
+// further. No lock: see PageIndex.
+RegCache::Entry *RegCache::indexed(ibv_pd *pd, uintptr_t a, uintptr_t end, unsigned access)
+{
+	const PageIndex *pi = page_index(pd, access, false);
+	Entry *e = pi ? pi->find(a >> page_shift_) : nullptr;
+	return e ? check_hit(e, pd, a, end, access) : nullptr;
+}
+
+// e (from an index, without the lock) with a reference taken, if it is a
+// cached, fresh entry of pd and access holding [a, end) (for remote
+// access, exactly its pages); else nullptr, and no reference. A reference
+// can only be taken while refs is not no_refs, which an entry gets before
+// it leaves the cache unreferenced and keeps until insert() sets 1 in its
+// next life; while it is held, the entry's key and watch stay.
+RegCache::Entry *RegCache::check_hit(Entry *e, ibv_pd *pd, uintptr_t a, uintptr_t end,
+				     unsigned access)
+{
+	uint32_t refs = e->refs.load();
+	do {
+		if (refs == no_refs)
+			return nullptr;
+	} while (!e->refs.compare_exchange_weak(refs, refs + 1));
+	const Key &k = e->key;
+	// With local access only, an entry with more access will do, as in
+	// lookup() (the per-thread index keeps those too).
+	const bool access_ok = exposed(access) ? k.access == access : (k.access & access) == access;
+	bool ok = !e->retired.load() && k.pd == pd && access_ok && k.start <= a && end <= k.end;
+	if (ok && exposed(access)) { // only the pages asked for
+		const uintptr_t page = uintptr_t{1} << page_shift_;
+		ok = (a & ~(page - 1)) == k.start && ((end + page - 1) & ~(page - 1)) == k.end;
+	}
+	if (!ok || !fresh(e)) {
+		put(e);
+		return nullptr;
+	}
+	if (!e->used.load(std::memory_order_relaxed))
+		e->used.store(true, std::memory_order_relaxed);
+	drain_if_due(++hits_);
+	return e;
+}
+
 // This thread's index of its recent hits: the entry that served a get of
 // (pd, access) at an address, by a hash of the address's page. It saves the
-// lock and the map walk of a hit; every use checks the entry is still that
-// one (its incarnation), still cached and still fresh, after it took its
-// reference, so a stale index slot costs a slow lookup, never a wrong answer.
+// lock and the map walk of a hit; every use checks the entry still holds
+// the range, cached and fresh, after it took its reference (check_hit()), so
+// a stale index slot costs a slow lookup, never a wrong answer.
 struct RegCache::Recent {
 	uint64_t cache = 0; // id_ of the cache; 0: empty
 	ibv_pd *pd = nullptr;
 	unsigned access = 0;
 	uintptr_t start = 0, end = 0; // the entry's range
 	Entry *e = nullptr;
-	uint64_t incarnation = 0;
 };
 
 RegCache::Recent &RegCache::recent(uintptr_t a)
@@ -657,39 +849,19 @@ RegCache::Recent &RegCache::recent(uintptr_t a)
 
 void RegCache::remember(Entry *e, ibv_pd *pd, uintptr_t a, unsigned access)
 {
-	recent(a) = Recent{id_, pd, access, e->key.start, e->key.end, e, e->incarnation.load()};
+	recent(a) = Recent{id_, pd, access, e->key.start, e->key.end, e};
 }
 
-// A hit from the index, with a reference taken; nullptr to look it up.
-// Lock-free against the cache's exclusive sections: a reference can only be
-// taken while refs is not no_refs, which an entry gets before it leaves the
-// cache unreferenced and keeps until insert() sets 1 in its next life (after
-// its incarnation changed); a reference taken on an entry that left, or on
-// the next life of its memory, is seen by the checks after and given back.
+// A hit from this thread's index, with a reference taken; nullptr to look
+// it up. Lock-free, as indexed().
 RegCache::Entry *RegCache::recall(ibv_pd *pd, uintptr_t a, uintptr_t end, unsigned access)
 {
 	Recent &r = recent(a);
 	if (r.cache != id_ || r.pd != pd || r.access != access || a < r.start || end > r.end)
 		return nullptr;
-	if (exposed(access)) { // only the pages asked for
-		const uintptr_t page = page_size();
-		if ((a & ~(page - 1)) != r.start || ((end + page - 1) & ~(page - 1)) != r.end)
-			return nullptr;
-	}
-	Entry *e = r.e;
-	uint32_t refs = e->refs.load();
-	do {
-		if (refs == no_refs)
-			return nullptr;
-	} while (!e->refs.compare_exchange_weak(refs, refs + 1));
-	if (e->incarnation.load() != r.incarnation || e->retired.load() || !fresh(e)) {
-		put(e);
+	Entry *e = check_hit(r.e, pd, a, end, access);
+	if (!e)
 		r.cache = 0;
-		return nullptr;
-	}
-	if (!e->used.load(std::memory_order_relaxed))
-		e->used.store(true, std::memory_order_relaxed);
-	drain_if_due(++hits_);
 	return e;
 }
 
@@ -725,8 +897,11 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 	const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
 	if (!pd || !len || a + len < a)
 		throw verbs::Error("odpwatch_cache_get", EINVAL);
-	// The hit path: this thread's index of its recent hits, without a
-	// lock; else one shared section for the PD's policy and the entry.
+	// The hit path: the page index, then this thread's index of its
+	// recent hits (implicit ODP), without a lock; else one shared section
+	// for the PD's policy and the entry.
+	if (Entry *e = indexed(pd, a, a + len, access))
+		return e;
 	if (Entry *e = recall(pd, a, a + len, access))
 		return e;
 	const uintptr_t page = page_size();
@@ -812,7 +987,9 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 							invalidate(o, dead);
 							merged_++;
 						}
-					insert(std::move(fresh_entry));
+					// (Not in the page index: nobody else may
+					// take it.)
+					insert(std::move(fresh_entry), !once);
 					misses_++;
 					if (once) {
 						if (policy == Policy::Pinned && !mw_)

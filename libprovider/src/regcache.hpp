@@ -7,6 +7,7 @@
 
 #include <odpwatch/regcache.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <compare>
@@ -110,10 +111,15 @@ private:
 	std::unique_ptr<Entry> make_entry(const Key &k, Policy policy, bool may_go_unwatched);
 	std::unique_ptr<Entry> register_range(const Key &k, Policy policy, bool may_go_unwatched,
 					      Graveyard &dead);
-	void insert(std::unique_ptr<Entry> e);
+	void insert(std::unique_ptr<Entry> e, bool index = true);
 	void invalidate(Entry *e, Graveyard &dead);
 	bool drop_if_stale(Entry *e, Graveyard &dead);
 	Entry *take(Entry *e);
+	struct PageIndex;
+	PageIndex *page_index(ibv_pd *pd, unsigned access, bool make);
+	void index_pages(Entry *e, bool on);
+	Entry *indexed(ibv_pd *pd, uintptr_t a, uintptr_t end, unsigned access);
+	Entry *check_hit(Entry *e, ibv_pd *pd, uintptr_t a, uintptr_t end, unsigned access);
 	struct Recent;
 	static Recent &recent(uintptr_t a);
 	void remember(Entry *e, ibv_pd *pd, uintptr_t a, unsigned access);
@@ -146,6 +152,17 @@ private:
 	std::unordered_map<Entry *, std::unique_ptr<Entry>> retired_; // stale, still referenced
 	std::unordered_map<uint32_t, Entry *> by_watch_;
 	std::map<ibv_pd *, Policy> pd_policy_;
+	// The page index of each (pd, access) with ranged entries, for hits
+	// without the lock: published by n_indexed_ (a group beyond these few
+	// is not indexed and hits through the lock).
+	struct Indexed {
+		ibv_pd *pd = nullptr;
+		unsigned access = 0;
+		std::unique_ptr<PageIndex> pages;
+	};
+	std::array<Indexed, 8> indexed_;
+	std::atomic<unsigned> n_indexed_{0};
+	const unsigned page_shift_;
 	std::unique_ptr<Memwatch> mw_;
 	bool no_memwatch_ = false; // none in this kernel, or refused: exposed ODP is not kept
 	std::atomic<bool> drain_pending_{false}; // a drain found the lock taken

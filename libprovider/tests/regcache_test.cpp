@@ -1013,6 +1013,61 @@ void memlock_union_keeps_others()
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
+// Hits through the page index, across its levels: entries that cover a
+// whole 2 MiB slot and part of the next, a neighbour, a union that takes
+// both their places, a page of it unmapped and mapped again. Every hit must
+// come from the entry that holds the range now (its key, no registration),
+// and the first get after the change from a new registration.
+void page_index()
+{
+	constexpr size_t K = 1024, M = K * K;
+	Peer p;
+	Cache c(ODPWATCH_CACHE_PINNED);
+	verbs::Mapping m(6 * M, slot_address(84)); // 2 MiB aligned
+	for (size_t i = 0; i < m.size(); i += 4 * K)
+		std::memset(m.data() + i, int(i / (4 * K) % 251), 4 * K);
+	auto key = [&](size_t off, size_t len) {
+		odpwatch_cache_reg *r = nullptr;
+		CHECK_RC(odpwatch_cache_get(c.c, p.pd.get(), m.data() + off, len, local_access, &r),
+			 0);
+		const uint32_t k = odpwatch_cache_reg_mr(r)->lkey;
+		CHECK_RC(odpwatch_cache_put(c.c, r), 0);
+		return k;
+	};
+	auto regs = [&] { return c.stats().registrations; };
+
+	const uint32_t a = key(0, 3 * M); // a 2 MiB slot, and half the next
+	const uint64_t r = regs();
+	for (size_t off : {size_t{0}, 4 * K, 2 * M - 4 * K, 2 * M, 3 * M - 4 * K})
+		CHECK(key(off, 4 * K) == a);
+	CHECK(regs() == r);
+	const uint32_t b = key(3 * M + 4 * K, M - 4 * K);
+	CHECK(b != a && key(4 * M - 4 * K, 4 * K) == b && key(3 * M - 4 * K, 4 * K) == a);
+	CHECK(regs() == r + 1);
+
+	// Overlapping both: one registration of [0, 4 MiB) in their place.
+	const uint32_t u = key(3 * M - 4 * K, 12 * K);
+	auto s = c.stats();
+	std::printf("# union: %lu entries, %lu KiB, %lu registrations\n", (unsigned long)s.entries,
+		    (unsigned long)(s.bytes / K), (unsigned long)s.registrations);
+	CHECK(s.entries == 1 && s.bytes == 4 * M && s.registrations == r + 2);
+	for (size_t off : {size_t{0}, 2 * M, 3 * M, 4 * M - 4 * K})
+		CHECK(key(off, 4 * K) == u);
+	CHECK(regs() == r + 2);
+	p.send_range(c.c, m.data() + 2 * M - 8 * K, 64 * K);
+
+	// A page of it replaced: the union is stale, from the next get on.
+	void *page = m.data() + 2 * M + 8 * K;
+	CHECK(mmap(page, 4 * K, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
+		   0) == page);
+	std::memset(page, 0x7e, 4 * K);
+	const uint32_t n = key(0, 4 * K);
+	CHECK(n != u && regs() == r + 3);
+	CHECK(key(0, 4 * K) == n && regs() == r + 3);
+	p.send_range(c.c, m.data() + 2 * M, 64 * K);
+	CHECK(regs() == r + 4);
+}
+
 // A child of fork() inherits the cache, but its registrations belong to the
 // parent's verbs context (one device file shared by both): the child's
 // calls fail with EPERM, its destroy forgets the cache without deregistering
@@ -1286,6 +1341,7 @@ const std::map<std::string, std::function<void()>> cases = {
 	{"overlap-explicit-odp", [] { overlap(ODPWATCH_CACHE_EXPLICIT_ODP); }},
 	{"memlock-retry", memlock_retry},
 	{"memlock-union-keeps-others", memlock_union_keeps_others},
+	{"page-index", page_index},
 	{"union-loses-a-changed-neighbour", union_loses_a_changed_neighbour},
 	{"hits-release-freed-memory", hits_release_freed_memory},
 	{"fork-child", fork_child},
