@@ -3,6 +3,7 @@
 // one device, through the C ABI an MPI library would use.
 #include "benches.hpp"
 #include "cache_workloads.hpp"
+#include "memwatch.hpp"
 #include "report.hpp"
 #include "spawn.hpp"
 #include "verbs.hpp"
@@ -14,8 +15,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <string>
@@ -106,9 +109,8 @@ private:
 
 const char *hit_note(int policy)
 {
-	return policy == ODPWATCH_CACHE_PINNED
-		       ? "per-thread index of recent hits, no lock; + memwatch load"
-	       : policy == ODPWATCH_CACHE_EXPLICIT_ODP ? "per-thread index of recent hits, no lock"
+	return policy == ODPWATCH_CACHE_PINNED	       ? "page index, no lock; + memwatch load"
+	       : policy == ODPWATCH_CACHE_EXPLICIT_ODP ? "page index, no lock"
 						       : "one MR per PD, per-thread index, no lock";
 }
 
@@ -145,6 +147,89 @@ void bench_misses(Report &rep, const Options &o, ibv_pd *pd)
 						    "the first is a hit, not a miss)"
 						  : "")});
 		}
+	}
+}
+
+// Where the reuse row's time goes: its steps one by one, each timed on its
+// own, for the two ways a pinned buffer freed and mapped again gets its new
+// registration: registered every time (munmap, mmap + memset, reg, dereg),
+// and what the memwatch cache does on top (the old watch's event read, a
+// watch added for the new buffer, the old one removed). The same 64
+// buffers of 64 KiB at fixed addresses as the reuse row, without the cache:
+// what is left of its time after these is the cache's own.
+void bench_reuse_steps(Report &rep, const Options &o, ibv_pd *pd)
+{
+	const size_t n = o.quick ? 16 : 64, len = 64 << 10;
+	const std::string g = "reuse, step by step: a pinned 64 KiB buffer freed, mapped again "
+			      "and registered",
+			  w = std::to_string(n) + " buffers";
+	for (bool watched : {false, true}) {
+		const std::string way = watched ? "memwatch" : "registered every time";
+		std::unique_ptr<Memwatch> mw;
+		if (watched)
+			mw = std::make_unique<Memwatch>();
+		std::vector<verbs::Mapping> bufs;
+		std::vector<verbs::Mr> mrs;
+		std::vector<uint32_t> ids(n);
+		for (size_t i = 0; i < n; i++) {
+			bufs.emplace_back(len, slot(i));
+			std::memset(bufs.back().data(), 1, len);
+			if (mw)
+				ids[i] = mw->add(bufs[i].data(), len, i).id;
+			mrs.push_back(verbs::reg_mr(pd, bufs[i].data(), len, kAccess));
+		}
+		const char *steps[] = {
+			"munmap",     "mmap + memset",	    "read the event",	  "watch added",
+			"ibv_reg_mr", "ibv_dereg_mr (old)", "watch removed (old)"};
+		constexpr size_t nsteps = std::size(steps);
+		std::vector<std::vector<double>> per_step(nsteps);
+		uint64_t events = 0;
+		for (unsigned r = 0; r <= o.reps; r++) {
+			double spent[nsteps] = {};
+			auto t = std::chrono::steady_clock::now();
+			auto lap = [&](size_t k) {
+				const auto now = std::chrono::steady_clock::now();
+				spent[k] +=
+					std::chrono::duration<double, std::nano>(now - t).count();
+				t = now;
+			};
+			for (size_t i = 0; i < n; i++) {
+				t = std::chrono::steady_clock::now();
+				bufs[i].unmap();
+				lap(0);
+				bufs[i] = verbs::Mapping(len, slot(i));
+				std::memset(bufs[i].data(), 2, len);
+				lap(1);
+				uint32_t id = 0;
+				if (mw) {
+					while (mw->next_event())
+						events++;
+					lap(2);
+					id = mw->add(bufs[i].data(), len, i).id;
+					lap(3);
+				}
+				verbs::Mr mr = verbs::reg_mr(pd, bufs[i].data(), len, kAccess);
+				lap(4);
+				std::swap(mr, mrs[i]);
+				mr.reset();
+				lap(5);
+				if (mw) {
+					mw->remove(ids[i]);
+					ids[i] = id;
+					lap(6);
+				}
+			}
+			if (r) // the first is the warm-up
+				for (size_t k = 0; k < nsteps; k++)
+					per_step[k].push_back(spent[k] / double(n));
+		}
+		for (size_t k = 0; k < nsteps; k++)
+			if (mw || (k != 2 && k != 3 && k != 6))
+				rep.add({g, way, steps[k], spread_of(per_step[k]),
+					 "ibv_reg_mr/registered every time",
+					 k == 2 ? std::to_string(events / (o.reps + 1)) +
+							  " events read per rep"
+						: ""});
 	}
 }
 
@@ -297,6 +382,7 @@ int cache_bench(const Options &o)
 			       });
 		       }},
 		      {"misses", [&] { bench_misses(rep, o, pd.get()); }},
+		      {"reuse, step by step", [&] { bench_reuse_steps(rep, o, pd.get()); }},
 		      {"freed and reused buffers",
 		       [&] {
 			       std::vector<std::unique_ptr<OurCache>> caches;
