@@ -140,13 +140,23 @@ void Memwatch::remove(uint32_t id)
 
 std::optional<memwatch_event> Memwatch::next_event()
 {
-	memwatch_event ev;
-	ssize_t n = read(fd_, &ev, sizeof(ev));
-	if (n == sizeof(ev))
-		return ev;
+	if (batch_pos_ < batch_len_)
+		return batch_[batch_pos_++];
+	// Loaded before the read: a change after it moves seq past it, so a
+	// queue found empty (or read short) at @seq has no record older.
+	const uint64_t seq = __atomic_load_n(&hdr_->seq, __ATOMIC_ACQUIRE);
+	if (seq == drained_at_)
+		return std::nullopt;
+	ssize_t n = read(fd_, batch_.data(), sizeof(batch_));
 	if (n < 0 && errno != EAGAIN)
 		throw verbs::Error("read of memwatch events", errno);
-	return std::nullopt;
+	batch_len_ = n > 0 ? size_t(n) / sizeof(memwatch_event) : 0;
+	batch_pos_ = 0;
+	if (batch_len_ < batch_.size())
+		drained_at_ = seq;
+	if (!batch_len_)
+		return std::nullopt;
+	return batch_[batch_pos_++];
 }
 
 } // namespace odpwatch

@@ -4,6 +4,7 @@
 
 #include <linux/memwatch.h>
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -52,6 +53,10 @@ public:
 		return __atomic_load_n(&words_[w.id], __ATOMIC_ACQUIRE) == w.generation;
 	}
 	// The next event, if one is queued (the descriptor is non-blocking).
+	// Read in batches, and not at all while the header's seq says nothing
+	// changed since the queue was last found empty: a caller that drains
+	// on every miss pays no system call when there is nothing, and one
+	// per batch when there is. One reader at a time.
 	std::optional<memwatch_event> next_event();
 	// Events were dropped (a full queue): check every watch, then clear.
 	bool overflowed() const noexcept
@@ -74,6 +79,9 @@ private:
 	const memwatch_header *hdr_ = nullptr;
 	const uint64_t *words_ = nullptr;
 	size_t slots_ = 0;
+	std::array<memwatch_event, 32> batch_{};
+	size_t batch_len_ = 0, batch_pos_ = 0;
+	uint64_t drained_at_ = ~uint64_t{0}; // seq when the queue was last found empty
 };
 
 } // namespace odpwatch
