@@ -140,19 +140,24 @@ void Memwatch::remove(uint32_t id)
 
 std::optional<memwatch_event> Memwatch::next_event()
 {
+	// In a child of fork() the state area is not mapped (not inherited)
+	// and what is buffered is the parent's: read(), which fails with EPERM.
+	const bool mine = fork_generation() == fork_generation_;
+	if (!mine)
+		batch_len_ = batch_pos_ = 0;
 	if (batch_pos_ < batch_len_)
 		return batch_[batch_pos_++];
 	// Loaded before the read: a change after it moves seq past it, so a
 	// queue found empty (or read short) at @seq has no record older.
-	const uint64_t seq = __atomic_load_n(&hdr_->seq, __ATOMIC_ACQUIRE);
-	if (seq == drained_at_)
+	const uint64_t seq = mine ? __atomic_load_n(&hdr_->seq, __ATOMIC_ACQUIRE) : ~uint64_t{0};
+	if (mine && seq == drained_at_)
 		return std::nullopt;
 	ssize_t n = read(fd_, batch_.data(), sizeof(batch_));
 	if (n < 0 && errno != EAGAIN)
 		throw verbs::Error("read of memwatch events", errno);
 	batch_len_ = n > 0 ? size_t(n) / sizeof(memwatch_event) : 0;
 	batch_pos_ = 0;
-	if (batch_len_ < batch_.size())
+	if (batch_len_ < batch_.size() && mine)
 		drained_at_ = seq;
 	if (!batch_len_)
 		return std::nullopt;

@@ -82,6 +82,7 @@ private:
 	std::array<memwatch_event, 32> batch_{};
 	size_t batch_len_ = 0, batch_pos_ = 0;
 	uint64_t drained_at_ = ~uint64_t{0}; // seq when the queue was last found empty
+	const uint64_t fork_generation_ = fork_generation();
 };
 
 } // namespace odpwatch
