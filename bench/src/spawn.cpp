@@ -63,16 +63,27 @@ Exit wait_for(pid_t pid, int fd, const std::string &what, int seconds)
 	const auto deadline = clock::now() + std::chrono::seconds(seconds);
 	std::string s;
 	char buf[4096];
-	bool late = false;
+	bool late = false, exited = false;
+	int st = 0;
+	auto until = deadline;
 	for (;;) {
-		auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
-										  clock::now());
+		// Its exit, not only the end of its output: a process it started
+		// may hold the output open (a ucx_perftest server on the wire
+		// bench's node 1 sat a zombie for 900 s that way, and the client
+		// found no server on the next port). What comes within a second
+		// of the exit is kept.
+		if (!exited && waitpid(pid, &st, WNOHANG) == pid) {
+			exited = true;
+			until = std::min(deadline, clock::now() + std::chrono::seconds(1));
+		}
+		auto left =
+			std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now());
 		if (left.count() <= 0) {
-			late = true;
+			late = !exited;
 			break;
 		}
 		pollfd p = {fd, POLLIN, 0};
-		int n = poll(&p, 1, int(std::min<long long>(left.count(), 1000)));
+		int n = poll(&p, 1, int(std::min<long long>(left.count(), 100)));
 		if (n < 0 && errno != EINTR)
 			break;
 		if (n <= 0)
@@ -83,9 +94,8 @@ Exit wait_for(pid_t pid, int fd, const std::string &what, int seconds)
 		s.append(buf, size_t(got));
 	}
 	close(fd);
-	int st = 0;
 	// The output closed, yet the program may linger: its exit is bounded too.
-	while (!late && waitpid(pid, &st, WNOHANG) == 0) {
+	while (!late && !exited && waitpid(pid, &st, WNOHANG) == 0) {
 		if (clock::now() >= deadline)
 			late = true;
 		else
