@@ -110,7 +110,13 @@ Exit wait_for(pid_t pid, int fd, const std::string &what, int seconds)
 			     what.c_str(), seconds);
 		return {s, false};
 	}
-	return {s, WIFEXITED(st) && !WEXITSTATUS(st)};
+	const bool ok = WIFEXITED(st) && !WEXITSTATUS(st);
+	if (!ok) // how it ended, for the caller's report
+		s += WIFSIGNALED(st) ? "\n[odpwatch bench: " + what + " killed by signal " +
+					       std::to_string(WTERMSIG(st)) + "]\n"
+				     : "\n[odpwatch bench: " + what + " exited with status " +
+					       std::to_string(WEXITSTATUS(st)) + "]\n";
+	return {s, ok};
 }
 
 Exit stop(pid_t pid, int fd)
