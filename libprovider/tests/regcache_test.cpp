@@ -905,11 +905,10 @@ void hits_release_freed_memory()
 	CHECK(s.entries == 1 && s.misses == 2);
 }
 
-// Registration refused for RLIMIT_MEMLOCK (ENOMEM): the cache drops its
-// unused registrations and tries once more, as libfabric's cache does. In a
-// child without CAP_IPC_LOCK whose limit holds the peer's buffer and three
-// cached ones: the fourth get must succeed by evicting them.
-void memlock_retry()
+// Runs body() in a child without CAP_IPC_LOCK whose RLIMIT_MEMLOCK is
+// @limit bytes; the child's exit status is body's result (0: passed), 20 or
+// 21 if the capability or the limit could not be set, 10 if body threw.
+void in_memlock_child(size_t limit, const std::function<int()> &body)
 {
 	pid_t pid = fork();
 	CHECK(pid >= 0);
@@ -921,23 +920,10 @@ void memlock_retry()
 			if (syscall(SYS_capget, &h, d))
 				_exit(20);
 			d[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
-			rlimit lim{dst_len + 3 * buf_len, dst_len + 3 * buf_len};
+			rlimit lim{limit, limit};
 			if (syscall(SYS_capset, &h, d) || setrlimit(RLIMIT_MEMLOCK, &lim))
 				_exit(21);
-			Peer p;
-			Cache c(ODPWATCH_CACHE_PINNED);
-			std::vector<verbs::Mapping> bufs;
-			for (int i = 0; i < 4; i++)
-				bufs.push_back(filled(slot_address(36 + i), char('m' + i)));
-			for (int i = 0; i < 4; i++) {
-				p.send(c.c, bufs[i]);
-				if (!p.received(char('m' + i)))
-					_exit(22);
-			}
-			auto s = c.stats();
-			std::printf("# 4 buffers under a limit for 3: %lu entries, %lu evictions\n",
-				    (unsigned long)s.entries, (unsigned long)s.evictions);
-			rc = s.entries >= 1 && s.evictions >= 1 ? 0 : 23;
+			rc = body();
 		} catch (const std::exception &e) {
 			std::printf("# child: %s\n", e.what());
 		}
@@ -950,6 +936,30 @@ void memlock_retry()
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
+// Registration refused for RLIMIT_MEMLOCK (ENOMEM): the cache drops its
+// unused registrations and tries once more, as libfabric's cache does. In a
+// child without CAP_IPC_LOCK whose limit holds the peer's buffer and three
+// cached ones: the fourth get must succeed by evicting them.
+void memlock_retry()
+{
+	in_memlock_child(dst_len + 3 * buf_len, [] {
+		Peer p;
+		Cache c(ODPWATCH_CACHE_PINNED);
+		std::vector<verbs::Mapping> bufs;
+		for (int i = 0; i < 4; i++)
+			bufs.push_back(filled(slot_address(36 + i), char('m' + i)));
+		for (int i = 0; i < 4; i++) {
+			p.send(c.c, bufs[i]);
+			if (!p.received(char('m' + i)))
+				return 22;
+		}
+		auto s = c.stats();
+		std::printf("# 4 buffers under a limit for 3: %lu entries, %lu evictions\n",
+			    (unsigned long)s.entries, (unsigned long)s.evictions);
+		return s.entries >= 1 && s.evictions >= 1 ? 0 : 23;
+	});
+}
+
 // Refused for RLIMIT_MEMLOCK while growing a union, the cache drops what
 // the union replaces, not its other registrations: a union is pinned beside
 // the entries it covers until it is in, so a union of 192 KiB over one of
@@ -959,58 +969,37 @@ void memlock_retry()
 // pin-forever memwatch's largest phase peaked at 89 MiB pinned of 130.
 void memlock_union_keeps_others()
 {
-	constexpr size_t K = 1024;
-	pid_t pid = fork();
-	CHECK(pid >= 0);
-	if (pid == 0) {
-		int rc = 10;
-		try {
-			__user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
-			__user_cap_data_struct d[2]{};
-			if (syscall(SYS_capget, &h, d))
-				_exit(20);
-			d[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
-			rlimit lim{dst_len + 5 * buf_len, dst_len + 5 * buf_len};
-			if (syscall(SYS_capset, &h, d) || setrlimit(RLIMIT_MEMLOCK, &lim))
-				_exit(21);
-			Peer p;
-			Cache c(ODPWATCH_CACHE_PINNED);
-			auto other = filled(slot_address(80), 'o');
-			p.send(c.c, other);
-			verbs::Mapping m(192 * K, slot_address(81));
-			std::byte *a = m.data();
-			std::memset(a, 0x55, 192 * K);
-			// Each get shares a page with the one before: unions of
-			// 128 KiB, then 192 KiB.
-			p.send_range(c.c, a, 64 * K);
-			p.send_range(c.c, a + 60 * K, 68 * K);
-			p.send_range(c.c, a + 124 * K, 68 * K);
-			auto s = c.stats();
-			std::printf("# after the unions: %lu entries, %lu KiB, %lu merges, %lu "
-				    "retries, %lu evictions\n",
-				    (unsigned long)s.entries, (unsigned long)(s.bytes / K),
-				    (unsigned long)s.merges, (unsigned long)s.retries,
-				    (unsigned long)s.evictions);
-			const uint64_t misses = s.misses;
-			p.send(c.c, other);
-			s = c.stats();
-			std::printf("# the other buffer again: %s\n",
-				    s.misses == misses ? "a hit" : "a miss");
-			rc = s.retries == 1 && s.evictions == 1 && s.entries == 2 &&
-					     s.bytes == (192 + 64) * K && s.misses == misses &&
-					     p.received('o')
-				     ? 0
-				     : 23;
-		} catch (const std::exception &e) {
-			std::printf("# child: %s\n", e.what());
-		}
-		std::fflush(stdout);
-		_exit(rc);
-	}
-	int st = 0;
-	CHECK(waitpid(pid, &st, 0) == pid);
-	std::printf("# child exit %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
-	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	in_memlock_child(dst_len + 5 * buf_len, [] {
+		constexpr size_t K = 1024;
+		Peer p;
+		Cache c(ODPWATCH_CACHE_PINNED);
+		auto other = filled(slot_address(80), 'o');
+		p.send(c.c, other);
+		verbs::Mapping m(192 * K, slot_address(81));
+		std::byte *a = m.data();
+		std::memset(a, 0x55, 192 * K);
+		// Each get shares a page with the one before: unions of 128 KiB,
+		// then 192 KiB.
+		p.send_range(c.c, a, 64 * K);
+		p.send_range(c.c, a + 60 * K, 68 * K);
+		p.send_range(c.c, a + 124 * K, 68 * K);
+		auto s = c.stats();
+		std::printf("# after the unions: %lu entries, %lu KiB, %lu merges, %lu "
+			    "retries, %lu evictions\n",
+			    (unsigned long)s.entries, (unsigned long)(s.bytes / K),
+			    (unsigned long)s.merges, (unsigned long)s.retries,
+			    (unsigned long)s.evictions);
+		const uint64_t misses = s.misses;
+		p.send(c.c, other);
+		s = c.stats();
+		std::printf("# the other buffer again: %s\n",
+			    s.misses == misses ? "a hit" : "a miss");
+		return s.retries == 1 && s.evictions == 1 && s.entries == 2 &&
+				       s.bytes == (192 + 64) * K && s.misses == misses &&
+				       p.received('o')
+			       ? 0
+			       : 23;
+	});
 }
 
 // Hits through the page index, across its levels: entries that cover a
