@@ -164,6 +164,33 @@ def parse_junit(path, status_path=None):
     return tests
 
 
+def unfinished_pytest(log_path, stuck_path):
+    """Why a pytest run left no JUnit XML: the test it had started (pytest -v
+    prints a test's id before it runs and its outcome after), how many ended
+    before it, and where each thread was if the guest's watchdog caught it
+    (pyverbs-tests.stuck: a "thread ..." line, then its kernel stack)."""
+    if not log_path.exists():
+        return "the suite produced no test results (and no log)"
+    lines = log_path.read_text(errors="replace").splitlines()
+    ended = [ln for ln in lines if re.search(r"::\S+ (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)", ln)]
+    started = [ln.split()[0] for ln in lines if re.match(r"\S+::\S+", ln)]
+    why = f"the suite produced no test results; {len(ended)} tests ended"
+    if started and not (ended and ended[-1].startswith(started[-1] + " ")):
+        why += f", {started[-1]} did not"
+    if stuck_path.exists():
+        threads, frames = [], 0
+        for ln in stuck_path.read_text(errors="replace").splitlines():
+            if ln.startswith("thread "):
+                threads.append(ln.rstrip(":").removeprefix("thread "))
+                frames = 0
+            elif threads and frames < 3 and ln.strip():
+                frames += 1
+                frame = ln.split()[-1].split("+")[0]
+                threads[-1] += f" < {frame}" if frames > 1 else f": {frame}"
+        why += "; its threads: " + " | ".join(threads)
+    return why
+
+
 UNITTEST_HEAD = re.compile(r"^(test\w*) \(([\w.]+)\)")
 UNITTEST_RESULT = re.compile(
     r"\.\.\. (ok|FAIL|ERROR|skipped '?(.*?)'?|expected failure|unexpected success)$")
@@ -405,8 +432,9 @@ def main():
         unexpected, stale, unknown = gate_skips(suites, expected)
     for name, tests in suites.items():
         if not tests:
-            tests = [{"name": f"{name}: suite", "outcome": "failed",
-                      "reason": "the suite produced no test results"}]
+            why = unfinished_pytest(d / "pyverbs-tests.log", d / "pyverbs-tests.stuck") \
+                if name == "pyverbs-tests" else "the suite produced no test results"
+            tests = [{"name": f"{name}: suite", "outcome": "failed", "reason": why}]
         s = results["suites"][name] = suite(tests)
         ok &= s["failed"] == 0
         print(f"{name}: {s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped")

@@ -223,6 +223,24 @@ class Parsers(unittest.TestCase):
         self.assertEqual(outcomes(cr.parse_fixes(Path(self.dir.name) / "fx")),
                          {"rdma-fixes: vanilla plan": "failed"})
 
+    def test_unfinished_pytest_names_the_test_and_where_its_threads_were(self):
+        log = self.write("pyverbs-tests.log",
+                         "test_a.py::test_one PASSED\ntest_a.py::test_two SKIPPED (x)\ntest_b.py::test_hang \n")
+        stuck = Path(self.dir.name) / "pyverbs-tests.stuck"
+        why = cr.unfinished_pytest(log, stuck)
+        self.assertIn("2 tests ended, test_b.py::test_hang did not", why)
+        self.assertNotIn("threads", why)
+        stuck.write_text("thread 90 (python3) State:\tD (disk sleep), wchan rxe_odp_wait:\n"
+                         "[<0>] rxe_odp_wait+0x10/0x20\n[<0>] rxe_dereg+0x1/0x2\n[<0>] a+0x1/0x2\n"
+                         "[<0>] b+0x1/0x2\nthread 91 (python3) State:\tS (sleeping), wchan 0:\n")
+        why = cr.unfinished_pytest(log, stuck)
+        self.assertIn("its threads: 90 (python3) State:\tD (disk sleep), wchan rxe_odp_wait: "
+                      "rxe_odp_wait < rxe_dereg < a | 91 (python3)", why)
+        # A run whose last test ended is not blamed on it.
+        log.write_text("test_a.py::test_one PASSED\n")
+        self.assertEqual(cr.unfinished_pytest(log, Path(self.dir.name) / "none"),
+                         "the suite produced no test results; 1 tests ended")
+
     def test_junit(self):
         got = outcomes(cr.parse_junit(self.write("p.xml", JUNIT)))
         self.assertEqual(got, {"test_harness.test_ok": "passed", "test_harness.test_bad": "failed",
