@@ -632,9 +632,9 @@ def kernel_warnings():
             if any(w in line for w in ("WARNING:", "BUG:", "Oops", "cleanup failed"))]
 
 
-def thread_stacks():
-    """Each thread of this process: its state, wait channel and kernel
-    stack, to say where one that does not end is stuck."""
+def thread_stacks(pid="self"):
+    """Each thread of process @pid (this one): its state, wait channel and
+    kernel stack, to say where one that does not end is stuck."""
     def read(path):
         try:
             with open(path) as f:
@@ -642,8 +642,8 @@ def thread_stacks():
         except OSError as err:
             return f"({err.strerror})"
     out = []
-    for tid in sorted(os.listdir("/proc/self/task"), key=int):
-        d = f"/proc/self/task/{tid}"
+    for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+        d = f"/proc/{pid}/task/{tid}"
         state = next((ln[6:].strip() for ln in read(f"{d}/status").splitlines()
                       if ln.startswith("State:")), "?")
         out.append(f"thread {tid} ({read(f'{d}/comm')}) {state}, wchan {read(f'{d}/wchan')}:\n"
@@ -651,15 +651,64 @@ def thread_stacks():
     return "\n".join(out)
 
 
-def join_or_report(thread, timeout, what):
-    """Join @thread for at most @timeout s; if it is still running, fail with
-    every thread's kernel stack. A daemon thread left behind keeps the run
-    going: a hang costs this test, not the suite after it."""
-    thread.join(timeout)
-    if thread.is_alive():
-        stacks = thread_stacks()
-        print(stacks)
-        raise AssertionError(f"{what} still running after {timeout} s:\n{stacks}")
+class UffdHandler:
+    """Another process with @uffd that fills [start, start + length) of each
+    range with zero pages, page by page, once @delay seconds passed or
+    serve() asks for it. Not a thread of this one: pyverbs keeps the GIL
+    through a verbs call, and one that waits for a fault on the range
+    (ibv_destroy_qp() of a QP whose task faults in place, or a regressed
+    ibv_dereg_mr()) would keep a thread from ever answering it, a hang
+    instead of a failure."""
+
+    def __init__(self, uffd, ranges, delay):
+        code = ("import errno, fcntl, select, struct, sys\n"
+                f"select.select([sys.stdin], [], [], {delay})\n"
+                "print('serving', flush=True)\n"
+                f"for start, length in {list(ranges)!r}:\n"
+                "    for page in range(start, start + length, 4096):\n"
+                "        try:\n"
+                f"            fcntl.ioctl({uffd}, {UFFDIO_ZEROPAGE},\n"
+                "                        bytearray(struct.pack('QQQq', page, 4096, 0, 0)))\n"
+                "        except OSError as err:\n"
+                "            if err.errno != errno.EEXIST:\n"
+                "                raise\n")
+        self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(uffd,),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def serving(self):
+        """Whether it has begun to answer."""
+        return bool(select.select([self.proc.stdout], [], [], 0)[0])
+
+    def serve(self):
+        """Answer now (if it has not yet)."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.write(b"\n")
+                self.proc.stdin.flush()
+
+    def finish(self, timeout=300):
+        """Its exit status once it answered everything; a failure, with
+        where it is stuck, if it still runs after @timeout s."""
+        self.serve()
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stacks = thread_stacks(self.proc.pid)
+            self.close()
+            raise AssertionError(f"the userfaultfd handler still ran after {timeout} s:\n"
+                                 f"{stacks}") from None
+
+    def close(self):
+        """Answers (or is killed after 300 s), for a test's cleanup."""
+        self.serve()
+        try:
+            self.proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            print(thread_stacks(self.proc.pid))
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdin.close()
+        self.proc.stdout.close()
 
 
 def test_dereg_waits_for_a_fault_stuck_on_userfaultfd(ctx, pd, local):
@@ -729,22 +778,7 @@ def test_queued_work_never_outlives_its_mr(ctx, pd, local, work):
     region, b = mmap_anon(mrs * LEN), mmap_anon(LEN)
     uffd = libc.syscall(SYS_userfaultfd, os.O_CLOEXEC)
     assert uffd >= 0, os.strerror(ctypes.get_errno())
-    dereg_done, served = threading.Event(), threading.Event()
-
-    def serve():
-        # Once B's deregistration returned, or at the latest after 70 s
-        # (longer than rxe_cleanup()'s 50 s): every page, one by one.
-        dereg_done.wait(70)
-        served.set()
-        for page in range(0, mrs * LEN, PAGE):
-            try:
-                fcntl.ioctl(uffd, UFFDIO_ZEROPAGE,
-                            bytearray(struct.pack("QQQq", region + page, PAGE, 0, 0)))
-            except OSError as err:
-                assert err.errno == errno.EEXIST, err
-
-    server = threading.Thread(target=serve, daemon=True)
-    stuck, requester = [], None
+    stuck, requester, handler = [], None, None
     try:
         register_missing(uffd, region, mrs * LEN)
         stuck = [MR(pd, LEN, ODP, address=region + i * LEN) for i in range(mrs)]
@@ -755,7 +789,9 @@ def test_queued_work_never_outlives_its_mr(ctx, pd, local, work):
                 pd.advise_mr(PREFETCH_WRITE, 0, [SGE(region + i * LEN + page, PAGE, mr.lkey)])
         readable, _, _ = select.select([uffd], [], [], 60)
         assert readable, "no prefetch faulted"
-        server.start()
+        # Every page, once B's deregistration returned, or at the latest
+        # after 70 s (longer than rxe_cleanup()'s 50 s).
+        handler = UffdHandler(uffd, [(region, mrs * LEN)], 70)
         if work == "prefetch":
             pd.advise_mr(PREFETCH_WRITE, 0, [SGE(b, LEN, mr_b.lkey)])
         else:
@@ -765,9 +801,8 @@ def test_queued_work_never_outlives_its_mr(ctx, pd, local, work):
         t0 = time.monotonic()
         mr_b.close()
         took = time.monotonic() - t0
-        before_served = not served.is_set()
-        dereg_done.set()
-        join_or_report(server, 300, "the userfaultfd server")
+        before_served = not handler.serving()
+        assert handler.finish() == 0, "the userfaultfd handler failed"
         if requester:
             requester.wait(timeout=120)  # the write ends, one way or the other
         for mr in stuck:
@@ -778,11 +813,8 @@ def test_queued_work_never_outlives_its_mr(ctx, pd, local, work):
         assert not new, f"kernel warnings: {new}"
         assert before_served, "ibv_dereg_mr waited for other MRs' faults"
     finally:
-        dereg_done.set()
-        if server.is_alive():
-            server.join(300)
-        if server.is_alive():  # the failure says where; the cleanup goes on
-            print(thread_stacks())
+        if handler:
+            handler.close()
         os.close(uffd)  # wakes any fault still waiting for it
         for mr in stuck:
             mr.close()
@@ -798,46 +830,43 @@ def test_a_stuck_fault_stalls_no_other_child(ctx, pd, local, implicit):
     waiting writer of the children's semaphore queues each new reader, the
     check of every QP's access included (rxe review M3). A WRITE into a
     third child's present pages must complete long before the userfaultfd
-    is served."""
+    is served. (Its userfaultfd handler is another process: destroying a
+    QP whose task faults in place on the unserved page waits for that
+    fault, and pyverbs keeps the GIL through ibv_destroy_qp(), so a thread
+    of this process could never answer it.)"""
     base = unmapped_space(4 * CHILD)
     stuck, gone, there = base, base + CHILD, base + 2 * CHILD  # three children
     for addr in (stuck, gone, there):
         mmap_anon(LEN, addr=addr)
     uffd = libc.syscall(SYS_userfaultfd, os.O_CLOEXEC)
     assert uffd >= 0, os.strerror(ctypes.get_errno())
-    finish, served = threading.Event(), threading.Event()
-
-    def serve():
-        finish.wait(HANDLER_DELAY)
-        served.set()
-        fcntl.ioctl(uffd, UFFDIO_ZEROPAGE, bytearray(struct.pack("QQQq", stuck, LEN, 0, 0)))
-
-    server = threading.Thread(target=serve, daemon=True)
+    handler = None
     try:
         # The two other children exist and map their pages.
         for addr in (gone, there):
             pd.advise_mr(PREFETCH_WRITE, ADVISE_FLUSH, [SGE(addr, LEN, implicit.lkey)])
         register_missing(uffd, stuck, LEN)
         warnings0 = len(kernel_warnings())
-        a, _ = LoopbackQP.pair(ctx, pd)
+        # Both responders stay referenced to the end: destroying the stuck
+        # WRITE's waits for its task, which may be faulting in place.
+        a, a_responder = LoopbackQP.pair(ctx, pd)
         post_write(a, local, 3, implicit.rkey, stuck)
         readable, _, _ = select.select([uffd], [], [], 30)
         assert readable, "the write never faulted"
-        server.start()
+        handler = UffdHandler(uffd, [(stuck, LEN)], HANDLER_DELAY)
         munmap(gone, LEN)  # its child maps nothing now: the reaper wants it
         time.sleep(1)
-        b, _ = LoopbackQP.pair(ctx, pd)
+        b, b_responder = LoopbackQP.pair(ctx, pd)
         t0 = time.monotonic()
         status = b.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, 64, implicit, there,
                         timeout=HANDLER_DELAY + 60)
-        took, before_served = time.monotonic() - t0, not served.is_set()
+        took, before_served = time.monotonic() - t0, not handler.serving()
         print(f"the WRITE into the third child took {took:.1f} s; "
               f"the userfaultfd was served {HANDLER_DELAY} s after the stuck fault began")
         assert status == e.IBV_WC_SUCCESS, f"status {status}"
         assert before_served, f"the WRITE waited for the stuck fault ({took:.1f} s)"
         assert_bytes(peek(there, 64), pattern(64, 3), "the third child's bytes")
-        finish.set()
-        join_or_report(server, 300, "the userfaultfd server")
+        assert handler.finish() == 0, "the userfaultfd handler failed"
         # The stuck WRITE ends one way or the other: its retry faults in
         # the QP's task, which answers nothing for 60 s, so its requester
         # may run out of transport retries first.
@@ -845,11 +874,8 @@ def test_a_stuck_fault_stalls_no_other_child(ctx, pd, local, implicit):
         new = kernel_warnings()[warnings0:]
         assert not new, f"kernel warnings: {new}"
     finally:
-        finish.set()
-        if server.is_alive():
-            server.join(300)
-        if server.is_alive():  # the failure says where; the cleanup goes on
-            print(thread_stacks())
+        if handler:
+            handler.close()
         os.close(uffd)
         for addr in (stuck, there):
             munmap(addr, LEN)

@@ -71,7 +71,11 @@ if runs pyverbs-tests; then
 	# the kernel) holds the suite until the guest's deadline: once its log
 	# is quiet for the timeout and 300 s more, where each of pytest's
 	# threads is goes to pyverbs-tests.stuck, and the blocked tasks to the
-	# console (SysRq w).
+	# console (SysRq w). Then pytest is killed, and the suites after it
+	# run; if it cannot die (a task looping in the kernel, as a QP's
+	# destruction waiting for its task did), the guest is powered off:
+	# its deadline would hold the run, and a looping task slows every
+	# guest beside it.
 	(
 		while sleep 60 && kill -0 "$pytest" 2>/dev/null; do
 			quiet=$(($(date +%s) - $(stat -c %Y "$dir/pyverbs-tests.log")))
@@ -80,8 +84,15 @@ if runs pyverbs-tests; then
 				echo "thread ${t##*/} ($(cat "$t/comm")) $(grep State: "$t/status"), wchan $(cat "$t/wchan"):"
 				cat "$t/stack"
 			done >"$dir/pyverbs-tests.stuck" 2>&1
-			say "suite pyverbs-tests: no output for ${quiet}s; threads' stacks in pyverbs-tests.stuck"
+			say "suite pyverbs-tests: no output for ${quiet}s; threads' stacks in pyverbs-tests.stuck; killing pytest"
 			echo w >/proc/sysrq-trigger
+			kill -9 "$pytest"
+			sleep 60
+			if kill -0 "$pytest" 2>/dev/null; then
+				say "suite pyverbs-tests: pytest did not die in 60 s (stuck in the kernel); powering the guest off"
+				sync
+				echo o >/proc/sysrq-trigger
+			fi
 			break
 		done
 	) &
