@@ -672,41 +672,53 @@ class UffdHandler:
                 "        except OSError as err:\n"
                 "            if err.errno != errno.EEXIST:\n"
                 "                raise\n")
-        self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(uffd,),
+        # Unbuffered: a write to a handler that just exited leaves nothing
+        # behind for close() to flush into the broken pipe.
+        self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(uffd,), bufsize=0,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.began = False
 
     def serving(self):
-        """Whether it has begun to answer."""
-        return bool(select.select([self.proc.stdout], [], [], 0)[0])
+        """Whether it has begun to answer (a handler that died before it
+        has not: its stdout is readable then too, at its end)."""
+        if not self.began and select.select([self.proc.stdout], [], [], 0)[0]:
+            self.began = self.proc.stdout.readline() == b"serving\n"
+        return self.began
 
     def serve(self):
         """Answer now (if it has not yet)."""
         if self.proc.poll() is None:
             with contextlib.suppress(BrokenPipeError):
                 self.proc.stdin.write(b"\n")
-                self.proc.stdin.flush()
 
-    def finish(self, timeout=300):
+    def _kill(self):
+        try:
+            stacks = thread_stacks(self.proc.pid)
+        except OSError:  # it ended meanwhile
+            stacks = ""
+        self.proc.kill()
+        self.proc.wait()
+        return stacks
+
+    def finish(self, timeout=120):
         """Its exit status once it answered everything; a failure, with
-        where it is stuck, if it still runs after @timeout s."""
+        where it was stuck, if it still runs after @timeout s (some
+        hundred ioctls take seconds)."""
         self.serve()
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            stacks = thread_stacks(self.proc.pid)
-            self.close()
+            stacks = self._kill()
             raise AssertionError(f"the userfaultfd handler still ran after {timeout} s:\n"
                                  f"{stacks}") from None
 
     def close(self):
-        """Answers (or is killed after 300 s), for a test's cleanup."""
+        """Answers (or is killed after 30 s), for a test's cleanup."""
         self.serve()
         try:
-            self.proc.wait(timeout=300)
+            self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            print(thread_stacks(self.proc.pid))
-            self.proc.kill()
-            self.proc.wait()
+            print(self._kill())
         self.proc.stdin.close()
         self.proc.stdout.close()
 
@@ -863,10 +875,10 @@ def test_a_stuck_fault_stalls_no_other_child(ctx, pd, local, implicit):
         took, before_served = time.monotonic() - t0, not handler.serving()
         print(f"the WRITE into the third child took {took:.1f} s; "
               f"the userfaultfd was served {HANDLER_DELAY} s after the stuck fault began")
+        assert handler.finish() == 0, "the userfaultfd handler failed"
         assert status == e.IBV_WC_SUCCESS, f"status {status}"
         assert before_served, f"the WRITE waited for the stuck fault ({took:.1f} s)"
         assert_bytes(peek(there, 64), pattern(64, 3), "the third child's bytes")
-        assert handler.finish() == 0, "the userfaultfd handler failed"
         # The stuck WRITE ends one way or the other: its retry faults in
         # the QP's task, which answers nothing for 60 s, so its requester
         # may run out of transport retries first.

@@ -164,29 +164,40 @@ def parse_junit(path, status_path=None):
     return tests
 
 
-def unfinished_pytest(log_path, stuck_path):
+PYTEST_ENDED = re.compile(r"^(\S+::.*?) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b")
+PYTEST_STARTED = re.compile(r"^(\S+::\S.*?)\s*$")
+STACK_FRAME = re.compile(r"^\[<[0-9a-f]+>\] ([^+\s]+)")
+
+
+def unfinished_pytest(log_path, status_path, stuck_path):
     """Why a pytest run left no JUnit XML: the test it had started (pytest -v
     prints a test's id before it runs and its outcome after), how many ended
-    before it, and where each thread was if the guest's watchdog caught it
-    (pyverbs-tests.stuck: a "thread ..." line, then its kernel stack)."""
+    before it, how pytest ended, and where each thread was if the guest's
+    watchdog caught it (pyverbs-tests.stuck: a "thread ..." line, then its
+    kernel stack)."""
     if not log_path.exists():
         return "the suite produced no test results (and no log)"
-    lines = log_path.read_text(errors="replace").splitlines()
-    ended = [ln for ln in lines if re.search(r"::\S+ (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)", ln)]
-    started = [ln.split()[0] for ln in lines if re.match(r"\S+::\S+", ln)]
-    why = f"the suite produced no test results; {len(ended)} tests ended"
-    if started and not (ended and ended[-1].startswith(started[-1] + " ")):
-        why += f", {started[-1]} did not"
+    ended, last = 0, None
+    for line in log_path.read_text(errors="replace").splitlines():
+        if m := PYTEST_ENDED.match(line):
+            ended, last = ended + 1, None
+        elif m := PYTEST_STARTED.match(line):
+            last = m[1]
+    why = f"the suite produced no test results; {ended} tests ended"
+    if last:
+        why += f", {last} did not"
+    status = read_status(status_path)
+    why += {None: "; pytest left no exit status (the guest was powered off or reached its deadline)",
+            137: "; pytest was killed (SIGKILL, the guest's watchdog)"}.get(status, f"; pytest exited {status}")
     if stuck_path.exists():
         threads, frames = [], 0
         for ln in stuck_path.read_text(errors="replace").splitlines():
             if ln.startswith("thread "):
-                threads.append(ln.rstrip(":").removeprefix("thread "))
+                threads.append(ln.rstrip(":").removeprefix("thread ").replace("State:\t", ""))
                 frames = 0
-            elif threads and frames < 3 and ln.strip():
+            elif threads and frames < 3 and (m := STACK_FRAME.match(ln)):
                 frames += 1
-                frame = ln.split()[-1].split("+")[0]
-                threads[-1] += f" < {frame}" if frames > 1 else f": {frame}"
+                threads[-1] += f" < {m[1]}" if frames > 1 else f": {m[1]}"
         why += "; its threads: " + " | ".join(threads)
     return why
 
@@ -432,8 +443,13 @@ def main():
         unexpected, stale, unknown = gate_skips(suites, expected)
     for name, tests in suites.items():
         if not tests:
-            why = unfinished_pytest(d / "pyverbs-tests.log", d / "pyverbs-tests.stuck") \
-                if name == "pyverbs-tests" else "the suite produced no test results"
+            if name == "pyverbs-tests":
+                why = unfinished_pytest(d / "pyverbs-tests.log", d / "pyverbs-tests.status",
+                                        d / "pyverbs-tests.stuck")
+            elif "pytest did not die" in console:
+                why = "not run: the guest was powered off after pyverbs-tests hung (pyverbs-tests.stuck)"
+            else:
+                why = "the suite produced no test results"
             tests = [{"name": f"{name}: suite", "outcome": "failed", "reason": why}]
         s = results["suites"][name] = suite(tests)
         ok &= s["failed"] == 0

@@ -87,10 +87,13 @@ if runs pyverbs-tests; then
 			say "suite pyverbs-tests: no output for ${quiet}s; threads' stacks in pyverbs-tests.stuck; killing pytest"
 			echo w >/proc/sysrq-trigger
 			kill -9 "$pytest"
-			sleep 60
+			# Its exit tears its verbs objects down: rxe may wait 50 s
+			# for each.
+			sleep 240
 			if kill -0 "$pytest" 2>/dev/null; then
-				say "suite pyverbs-tests: pytest did not die in 60 s (stuck in the kernel); powering the guest off"
-				sync
+				say "suite pyverbs-tests: pytest did not die in 240 s (stuck in the kernel); powering the guest off"
+				echo s >/proc/sysrq-trigger
+				sleep 5
 				echo o >/proc/sysrq-trigger
 			fi
 			break

@@ -225,21 +225,30 @@ class Parsers(unittest.TestCase):
 
     def test_unfinished_pytest_names_the_test_and_where_its_threads_were(self):
         log = self.write("pyverbs-tests.log",
-                         "test_a.py::test_one PASSED\ntest_a.py::test_two SKIPPED (x)\ntest_b.py::test_hang \n")
-        stuck = Path(self.dir.name) / "pyverbs-tests.stuck"
-        why = cr.unfinished_pytest(log, stuck)
-        self.assertIn("2 tests ended, test_b.py::test_hang did not", why)
+                         "test_a.py::test_one PASSED\ntest_a.py::test_two SKIPPED (x)\n"
+                         "test_a.py::test_san[tsan-WARNING: ThreadSanitizer: data race] PASSED\n"
+                         "test_b.py::test_hang \n")
+        d = Path(self.dir.name)
+        why = cr.unfinished_pytest(log, d / "pyverbs-tests.status", d / "pyverbs-tests.stuck")
+        self.assertIn("3 tests ended, test_b.py::test_hang did not", why)
+        self.assertIn("no exit status (the guest was powered off", why)
         self.assertNotIn("threads", why)
-        stuck.write_text("thread 90 (python3) State:\tD (disk sleep), wchan rxe_odp_wait:\n"
-                         "[<0>] rxe_odp_wait+0x10/0x20\n[<0>] rxe_dereg+0x1/0x2\n[<0>] a+0x1/0x2\n"
-                         "[<0>] b+0x1/0x2\nthread 91 (python3) State:\tS (sleeping), wchan 0:\n")
-        why = cr.unfinished_pytest(log, stuck)
-        self.assertIn("its threads: 90 (python3) State:\tD (disk sleep), wchan rxe_odp_wait: "
+        self.write("pyverbs-tests.status", "137\n")
+        self.write("pyverbs-tests.stuck",
+                   "thread 90 (python3) State:\tD (disk sleep), wchan rxe_odp_wait:\n"
+                   "[<0>] rxe_odp_wait+0x10/0x20\ncat: /proc/90/task/91/stack: No such file\n"
+                   "[<0>] rxe_dereg+0x1/0x2\n[<0>] a+0x1/0x2\n"
+                   "[<0>] b+0x1/0x2\nthread 91 (python3) State:\tS (sleeping), wchan 0:\n")
+        why = cr.unfinished_pytest(log, d / "pyverbs-tests.status", d / "pyverbs-tests.stuck")
+        self.assertIn("pytest was killed (SIGKILL", why)
+        self.assertIn("its threads: 90 (python3) D (disk sleep), wchan rxe_odp_wait: "
                       "rxe_odp_wait < rxe_dereg < a | 91 (python3)", why)
-        # A run whose last test ended is not blamed on it.
-        log.write_text("test_a.py::test_one PASSED\n")
-        self.assertEqual(cr.unfinished_pytest(log, Path(self.dir.name) / "none"),
-                         "the suite produced no test results; 1 tests ended")
+        # A run whose last test ended is not blamed on it; one with a space
+        # in its id is counted as ended.
+        log.write_text("test_a.py::test_one PASSED\ntest_a.py::test_san[a b] FAILED\n")
+        self.assertEqual(cr.unfinished_pytest(log, d / "none", d / "none"),
+                         "the suite produced no test results; 2 tests ended; pytest left no exit "
+                         "status (the guest was powered off or reached its deadline)")
 
     def test_junit(self):
         got = outcomes(cr.parse_junit(self.write("p.xml", JUNIT)))
