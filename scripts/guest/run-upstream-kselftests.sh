@@ -93,11 +93,12 @@ i=0
 grep -v '^\(#\|$\)' "$list" >/tmp/upstream-kselftests.list
 while IFS= read -r line; do
 	i=$((i + 1))
-	label=${line%%:*} cmd=${line#*: } limit=$TIMEOUT retries=0
+	label=${line%%:*} cmd=${line#*: } limit=$TIMEOUT retries=0 khugepaged=
 	case $label in *" "*)
 		for word in ${label#* }; do
 			case $word in
 			retries=*) retries=${word#retries=} ;;
+			khugepaged=idle) khugepaged=idle ;;
 			*) limit=$word ;;
 			esac
 		done
@@ -111,6 +112,10 @@ while IFS= read -r line; do
 	t0=$(date +%s) attempt=0
 	while :; do
 		attempt=$((attempt + 1))
+		# khugepaged asleep for an hour (restore() wakes it after): it
+		# would collapse what the binary just split before it looks.
+		[ -z "$khugepaged" ] ||
+			echo 3600000 >/sys/kernel/mm/transparent_hugepage/khugepaged/scan_sleep_millisecs
 		# shellcheck disable=SC2086 # the command's words
 		(cd "$dir" && exec timeout -k 10 "$limit" $cmd) </dev/null >/tmp/upstream-kselftest.out 2>&1
 		rc=$?
