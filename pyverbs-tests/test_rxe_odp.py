@@ -109,6 +109,20 @@ def test_implicit_remote_write_read_atomic(loopback, implicit, local):
         munmap(buf, LEN)
 
 
+def test_zero_length_read_and_write_complete(loopback, local, odp_buffer):
+    """RDMA READ and WRITE of 0 bytes complete, as UCX posts them (a READ
+    of nothing is its fence): they name no MR, and the responder's copy
+    must not look at one. Node 1 of the middleware suite oopsed on a NULL
+    MR in resp_mr_copy() before 0039 checked for it."""
+    mr, buf = odp_buffer
+    for opcode in (e.IBV_WR_RDMA_READ, e.IBV_WR_RDMA_WRITE):
+        for _ in range(3):
+            assert loopback.rdma(opcode, local, local.buf, 0, mr, buf) == e.IBV_WC_SUCCESS, opcode
+    local.write(pattern(LEN, 7), LEN)
+    assert loopback.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, LEN, mr, buf) == e.IBV_WC_SUCCESS
+    assert_bytes(peek(buf, LEN), pattern(LEN, 7))
+
+
 def test_hugetlb_odp_mr(pd, loopback, local):
     """IBV_ACCESS_HUGETLB over 2 MiB pages; transfers cross 4 KiB boundaries."""
     buf = mmap_anon(HUGE, flags=MAP_HUGETLB)
