@@ -758,28 +758,20 @@ def test_dereg_waits_for_a_fault_stuck_on_userfaultfd(ctx, pd, local):
         # message (polled, not read: the handler answers by address).
         readable, _, _ = select.select([uffd], [], [], 30)
         assert readable, "the write never faulted"
-        # The handler: another process with the userfaultfd, which fills
-        # the range with zero pages after the delay.
-        handler = subprocess.Popen(
-            [sys.executable, "-c",
-             "import fcntl, struct, sys, time\n"
-             f"time.sleep({HANDLER_DELAY})\n"
-             f"fcntl.ioctl({uffd}, {UFFDIO_ZEROPAGE}, "
-             f"bytearray(struct.pack('QQQq', {buf}, {LEN}, 0, 0)))\n"],
-            pass_fds=(uffd,))
+        # The handler fills the range with zero pages after the delay.
+        handler = UffdHandler(uffd, [(buf, LEN)], HANDLER_DELAY)
         t0 = time.monotonic()
         mr.close()
         took = time.monotonic() - t0
         print(f"ibv_dereg_mr took {took:.1f} s; the handler answered after {HANDLER_DELAY} s")
-        assert handler.wait(timeout=120) == 0
+        assert handler.finish() == 0, "the userfaultfd handler failed"
         new = kernel_warnings()[warnings0:]
         assert not new, f"kernel warnings: {new}"
         assert took >= HANDLER_DELAY - 5, "dereg returned while the fault still waited"
         requester.wait(timeout=120)  # the write ends, one way or the other
     finally:
-        if handler and handler.poll() is None:
-            handler.kill()
-            handler.wait()
+        if handler:
+            handler.close()
         os.close(uffd)
         munmap(buf, LEN)
 

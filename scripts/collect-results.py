@@ -179,7 +179,7 @@ def unfinished_pytest(log_path, status_path, stuck_path):
         return "the suite produced no test results (and no log)"
     ended, last = 0, None
     for line in log_path.read_text(errors="replace").splitlines():
-        if m := PYTEST_ENDED.match(line):
+        if PYTEST_ENDED.match(line):
             ended, last = ended + 1, None
         elif m := PYTEST_STARTED.match(line):
             last = m[1]
