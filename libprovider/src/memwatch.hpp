@@ -59,6 +59,14 @@ public:
 	// per batch when there is. One reader at a time.
 	std::optional<memwatch_event> next_event();
 	// Events were dropped (a full queue): check every watch, then clear.
+	// The header's seq, bumped (after the word, before the record is
+	// readable) by every change reported to any watch: a reader that finds
+	// it where it was after its last drain has nothing new to read. Not in
+	// a child of fork() (the state area is not inherited).
+	uint64_t seq() const noexcept { return __atomic_load_n(&hdr_->seq, __ATOMIC_ACQUIRE); }
+	// Whether this object belongs to the calling process (not to the
+	// parent of a fork() child).
+	bool mine() const noexcept { return fork_generation() == fork_generation_; }
 	bool overflowed() const noexcept
 	{
 		return __atomic_load_n(&hdr_->overflow, __ATOMIC_ACQUIRE) != 0;

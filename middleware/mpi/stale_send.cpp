@@ -27,10 +27,14 @@
 // malloc() put the next buffer at another address, where no stale
 // registration can be). With libodpwatch-ofi preloaded, each rank also
 // prints "stale_send: rank R way=W monitor_hits=H": the hits of memwatch's
-// libfabric monitor during that way.
+// libfabric monitor during that way. With libodpwatch-ucx-preload.so, each
+// rank prints "stale_send: rank R way=W registrations=G": the pinned
+// registrations UCX made during that way (its cache hits are the messages
+// that needed none).
 #include "raw_free.hpp"
 
 #include <odpwatch/ofi_monitor.h>
+#include <odpwatch/ucx_preload.h>
 
 #include <dlfcn.h>
 #include <malloc.h>
@@ -234,6 +238,18 @@ std::optional<uint64_t> monitor_hits()
 	return s.hits;
 }
 
+// The pinned registrations UCX made so far, if libodpwatch-ucx is preloaded.
+std::optional<uint64_t> ucx_registrations()
+{
+	using stats_fn = int (*)(odpwatch_ucx_stats *);
+	static const auto fn =
+		reinterpret_cast<stats_fn>(dlsym(RTLD_DEFAULT, "odpwatch_ucx_preload_stats"));
+	odpwatch_ucx_stats s{};
+	if (!fn || fn(&s))
+		return std::nullopt;
+	return s.registrations;
+}
+
 } // namespace
 
 int main(int argc, char **argv)
@@ -258,10 +274,17 @@ int main(int argc, char **argv)
 		mallopt(M_MMAP_THRESHOLD, 128 << 10);
 	for (size_t k = 0; k < list.size(); k++) {
 		const auto hits0 = monitor_hits();
+		const auto regs0 = ucx_registrations();
 		if (rank == 0)
 			send_all(list[k], place(k), size, count);
 		else
 			receive_all(list[k], size, count);
+		if (const auto regs = ucx_registrations(); regs && regs0) {
+			std::printf("stale_send: rank %d way=%.*s registrations=%llu\n", rank,
+				    int(list[k].size()), list[k].data(),
+				    (unsigned long long)(*regs - *regs0));
+			std::fflush(stdout);
+		}
 		if (const auto hits = monitor_hits(); hits && hits0) {
 			std::printf("stale_send: rank %d way=%.*s monitor_hits=%llu\n", rank,
 				    int(list[k].size()), list[k].data(),

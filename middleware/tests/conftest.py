@@ -41,10 +41,15 @@ OFI = {"FI_PROVIDER": "verbs;ofi_rxm", "FI_UNIVERSE_SIZE": "16"}
 MEMWATCH_OFI = {"LD_PRELOAD": "/out/guest/lib/libodpwatch-ofi-preload.so",
                 "ODPWATCH_OFI_DEBUG": "1"}
 ODP_OFI = {"FI_VERBS_USE_ODP": "1"}
+# Debian's UCX, unmodified, told of every change to a cached registration by
+# memwatch (libodpwatch-ucx-preload.so), its counters printed at exit.
+MEMWATCH_UCX = {"LD_PRELOAD": "/out/guest/lib/libodpwatch-ucx-preload.so",
+                "ODPWATCH_UCX_DEBUG": "1"}
 
 RESULT = re.compile(r"stale_send: way=(\w+) size=(\d+) messages=(\d+) corrupt=(\d+)")
 SENDER = re.compile(r"stale_send: sender way=(\w+) not_freed=(\d+) elsewhere=(\d+)")
 MONITOR = re.compile(r"stale_send: rank \d+ way=(\w+) monitor_hits=(\d+)")
+UCX_REGS = re.compile(r"stale_send: rank (\d+) way=(\w+) registrations=(\d+)")
 
 
 def run(cmd, env=None, timeout=300):
@@ -89,6 +94,7 @@ def stale_send(mpi, way, size, count, env, **kw):
     A job that failed, timed out or was interrupted fails every test of its
     group at once, without running again."""
     global last_output, last_not_freed, last_elsewhere, last_odp_most, last_monitor_hits
+    global last_ucx_registrations
     group = tuple(kw.pop("group", (way,)))
     assert way in group, (way, group)
     key = (mpi, group, size, count, tuple(sorted(env.items())), tuple(sorted(kw.items())))
@@ -103,6 +109,7 @@ def stale_send(mpi, way, size, count, env, **kw):
     last_output, last_odp_most = job["output"], job["odp_most"]
     corrupt, last_not_freed, last_elsewhere = job[way]
     last_monitor_hits = job["monitor_hits"].get(way)
+    last_ucx_registrations = job["ucx_registrations"].get(way, {})
     return corrupt
 
 
@@ -131,13 +138,15 @@ def _stale_send_job(mpi, group, size, count, env, **kw):
         # test's failure, reported with its output.
         out, rc = (openmpi if mpi == "openmpi" else mpich)(
             program, args, env, timeout=min(120 + 60 * len(group), 540), **kw)
-    job = {"output": out, "odp_most": sampler.most, "monitor_hits": {}}
+    job = {"output": out, "odp_most": sampler.most, "monitor_hits": {}, "ucx_registrations": {}}
     for m in MONITOR.finditer(out):
         job["monitor_hits"][m[1]] = job["monitor_hits"].get(m[1], 0) + int(m[2])
+    for m in UCX_REGS.finditer(out):
+        job["ucx_registrations"].setdefault(m[2], {})[int(m[1])] = int(m[3])
     results = {m[1]: m for m in RESULT.finditer(out)}
     senders = {m[1]: m for m in SENDER.finditer(out)}
     on_demand = ODP.items() <= env.items() or ODP_OFI.items() <= env.items()
-    memwatch = MEMWATCH_OFI["LD_PRELOAD"] == env.get("LD_PRELOAD")
+    memwatch = env.get("LD_PRELOAD") in (MEMWATCH_OFI["LD_PRELOAD"], MEMWATCH_UCX["LD_PRELOAD"])
     for way in group:  # the rows of the ways that reported, even if a later one failed
         m, sender = results.get(way), senders.get(way)
         if not (m and sender and (int(m[2]), int(m[3])) == (size, count)):
@@ -158,6 +167,7 @@ last_not_freed = 0
 last_elsewhere = 0  # times the next buffer landed at another address (way "free")
 last_odp_most = 0  # the most MRs on demand seen while the job ran (sample_odp)
 last_monitor_hits = None  # memwatch's libfabric monitor's hits in the way, both ranks
+last_ucx_registrations = {}  # rank: pinned registrations UCX made in the way (libodpwatch-ucx)
 
 
 def ofi_monitor_stats(out):

@@ -12,7 +12,7 @@ import re
 import pytest
 
 import conftest
-from conftest import MEMWATCH_OFI, ODP, ODP_OFI, OFI, UCX, ofi_monitor_stats, run, stale_send
+from conftest import MEMWATCH_OFI, MEMWATCH_UCX, ODP, ODP_OFI, OFI, UCX, ofi_monitor_stats, run, stale_send
 
 MiB = 1 << 20
 WAYS = ("munmap", "syscall", "madvise", "mremap", "process_madvise", "io_uring", "uffd_move", "droppable")
@@ -65,6 +65,35 @@ def test_openmpi_ucx_on_demand(way):
     assert conftest.last_odp_most >= 1, "no MR on demand seen while the job ran"
     # Nothing pins the buffer: every move and every reclaim happens.
     assert conftest.last_not_freed == 0
+
+
+def ucx_cache_kept(way):
+    """With libodpwatch-ucx preloaded: UCX's cache still caches. Rank 1
+    receives every message into the same buffer, which no way frees:
+    uncached, each 1 MiB rendezvous would register it again."""
+    regs = conftest.last_ucx_registrations
+    print(f"{way}: pinned registrations by rank {regs}")
+    assert set(regs) == {0, 1}, f"no registration counts from the preload: {regs}"
+    assert regs[1] <= 5, f"rank 1 registered its unchanged buffer {regs[1]} times in 100 messages"
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_openmpi_ucx_pinned_memwatch(way):
+    """Debian's UCX, unmodified and pinned, with memwatch through
+    libodpwatch-ucx-preload.so: 0 corrupt in every way of freeing, and the
+    cache kept."""
+    corrupt = stale_send("openmpi", way, MiB, 100, {**UCX, **MEMWATCH_UCX}, group=WAYS)
+    assert corrupt == 0
+    ucx_cache_kept(way)
+    if way in DECLINED_IF_PINNED:
+        assert conftest.last_not_freed >= 90, f"freed {100 - conftest.last_not_freed} times of 100"
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_mpich_ucx_pinned_memwatch(way):
+    """The same with MPICH (ch4:ucx)."""
+    assert stale_send("mpich", way, MiB, 100, {**UCX, **MEMWATCH_UCX}, group=WAYS) == 0
+    ucx_cache_kept(way)
 
 
 # AddressSanitizer's allocator maps and unmaps with system calls of its
