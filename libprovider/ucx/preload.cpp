@@ -11,6 +11,7 @@
 
 #include <dlfcn.h>
 #include <infiniband/verbs.h>
+#include <sys/ioctl.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
@@ -73,6 +74,8 @@ public:
 	{
 		try {
 			mw_.emplace();
+			if (const char *q = std::getenv("ODPWATCH_UCX_QUEUE"))
+				set_queue(unsigned(std::strtoul(q, nullptr, 0)));
 		} catch (const odpwatch::verbs::Error &e) {
 			// Still correct without memwatch: every registration
 			// then serves one call.
@@ -244,6 +247,17 @@ private:
 		}
 	}
 
+	// The event queue's size in records (ODPWATCH_UCX_QUEUE; the test of
+	// the overflow path makes it tiny).
+	void set_queue(unsigned records)
+	{
+		memwatch_queue q{};
+		q.size = records;
+		if (ioctl(mw_->fd(), MEMWATCH_IOC_SET_QUEUE, &q))
+			std::fprintf(stderr, "odpwatch-ucx: ODPWATCH_UCX_QUEUE=%u: %s\n", records,
+				     std::strerror(errno));
+	}
+
 	static vm_munmap_fn ucm_vm_munmap()
 	{
 		static std::atomic<vm_munmap_fn> fn{nullptr};
@@ -312,10 +326,19 @@ inline void before_ucp_call()
 		w->drain();
 }
 
+// Set while this thread is in a registration we interposed: libibverbs'
+// ibv_reg_mr() calls ibv_reg_mr_iova2() through its PLT, which would
+// otherwise watch the same registration twice.
+thread_local bool registering = false;
+
 template <typename Reg> ibv_mr *register_watched(void *addr, size_t len, unsigned access, Reg reg)
 {
-	if (!enabled || !len)
+	if (!enabled || !len || registering)
 		return reg();
+	registering = true;
+	struct Done {
+		~Done() { registering = false; }
+	} done;
 	Watcher *w = watcher();
 	if (access & IBV_ACCESS_ON_DEMAND) {
 		// Registrations on demand follow the address space.
@@ -358,6 +381,12 @@ int odpwatch_ucx_preload_stats(odpwatch_ucx_stats *stats)
 	const Watcher *w = existing_watcher();
 	*stats = w ? w->stats() : odpwatch_ucx_stats{};
 	return 0;
+}
+
+void odpwatch_ucx_preload_sync(void)
+{
+	if (enabled)
+		before_ucp_call();
 }
 
 // The verbs calls that pin and unpin UCX's registrations (libuct_ib calls

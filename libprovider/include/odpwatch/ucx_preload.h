@@ -23,7 +23,8 @@
  * preload starts afresh with a descriptor of the child's own.
  *
  * ODPWATCH_UCX=0 turns the preload off; ODPWATCH_UCX_DEBUG=1 prints its
- * counters on stderr at exit.
+ * counters on stderr at exit; ODPWATCH_UCX_QUEUE=N sizes memwatch's event
+ * queue (N records; an overflow costs a scan of every watch's word).
  */
 #ifndef ODPWATCH_UCX_PRELOAD_H
 #define ODPWATCH_UCX_PRELOAD_H
@@ -52,6 +53,12 @@ struct odpwatch_ucx_stats {
  */
 __attribute__((visibility("default"))) int
 odpwatch_ucx_preload_stats(struct odpwatch_ucx_stats *stats);
+
+/*
+ * Hands UCX the ranges that changed since the last call, now: what the
+ * preload does before each UCP call it interposes.
+ */
+__attribute__((visibility("default"))) void odpwatch_ucx_preload_sync(void);
 
 #ifdef __cplusplus
 }
