@@ -11,6 +11,7 @@
 
 #include <dlfcn.h>
 #include <infiniband/verbs.h>
+#include <pthread.h>
 #include <sys/ioctl.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
@@ -38,8 +39,13 @@ bool env_flag(const char *name, bool fallback)
 	return v && *v ? *v != '0' : fallback;
 }
 
-const bool enabled = env_flag("ODPWATCH_UCX", true);
-const bool debug = env_flag("ODPWATCH_UCX_DEBUG", false);
+// Read at first use: a registration from another library's constructor may
+// come before this one's static initialisers have run.
+bool enabled()
+{
+	static const bool on = env_flag("ODPWATCH_UCX", true);
+	return on;
+}
 
 // The definition of @name that the program would have called without us:
 // the next object's, or, when the library that has it was opened into a
@@ -78,10 +84,10 @@ public:
 				set_queue(unsigned(std::strtoul(q, nullptr, 0)));
 		} catch (const odpwatch::verbs::Error &e) {
 			// Still correct without memwatch: every registration
-			// then serves one call.
+			// is handed back to UCX at the next UCP call.
 			std::fprintf(stderr,
 				     "odpwatch-ucx: no memwatch (%s): each registration of UCX "
-				     "serves one call\n",
+				     "serves until the next UCP call\n",
 				     e.what());
 		}
 	}
@@ -112,15 +118,30 @@ public:
 			return;
 		}
 		stats_.registrations++;
-		std::lock_guard g(table_lock_);
-		if (w) {
-			stats_.watched++;
-			by_mr_[mr] = w->id;
-			by_id_[w->id] = Entry{{uintptr_t(addr), len}, *w, false};
-		} else {
-			stats_.unwatched++;
-			unwatched_.push_back({uintptr_t(addr), len});
-			pending_.store(true, std::memory_order_release);
+		bool moved = false;
+		{
+			std::lock_guard g(table_lock_);
+			if (w) {
+				stats_.watched++;
+				by_mr_[mr] = w->id;
+				// A drain between ADD and here found no entry
+				// for the watch's event and dropped it: the word
+				// tells. Checked under the lock, so either this
+				// sees the change or a later drain finds the
+				// entry.
+				moved = !mw_->valid(*w);
+				by_id_[w->id] = Entry{{uintptr_t(addr), len}, *w, moved};
+			} else {
+				stats_.unwatched++;
+				unwatched_.push_back({uintptr_t(addr), len});
+				pending_.store(true);
+			}
+		}
+		if (moved) {
+			// Before UCX has the registration: its region is in
+			// the cache already and is invalidated before use.
+			stats_.invalidations++;
+			tell({{uintptr_t(addr), len}});
 		}
 	}
 
@@ -160,7 +181,7 @@ public:
 	// The one load (and a flag) on every UCP call: anything to tell UCX?
 	bool quiet() const noexcept
 	{
-		return !pending_.load(std::memory_order_acquire) &&
+		return !pending_.load() && !draining_.load() &&
 		       (!mw_ || mw_->seq() == seen_.load(std::memory_order_acquire));
 	}
 	bool mine() const noexcept { return !mw_ || mw_->mine(); }
@@ -174,8 +195,12 @@ public:
 		// waits for the ranges to reach UCX; recursive, should UCX's
 		// callbacks call UCP again.
 		std::lock_guard d(drain_lock_);
+		// Until UCX has been told, no thread may take the quiet path
+		// (pending_ is cleared first, so that a refused watch during
+		// the drain sets it again).
+		draining_++;
 		std::vector<Range> todo;
-		pending_.store(false, std::memory_order_release);
+		pending_.store(false);
 		const uint64_t seq = mw_ ? mw_->seq() : 0;
 		{
 			std::lock_guard g(table_lock_);
@@ -185,12 +210,9 @@ public:
 		}
 		stats_.drains++;
 		stats_.invalidations += todo.size();
-		if (!todo.empty()) {
-			if (const vm_munmap_fn vm_munmap = ucm_vm_munmap())
-				for (const Range &r : todo)
-					vm_munmap(reinterpret_cast<void *>(r.start), r.len);
-		}
+		tell(todo);
 		seen_.store(seq, std::memory_order_release);
+		draining_--;
 	}
 
 	odpwatch_ucx_stats stats() const
@@ -229,16 +251,23 @@ private:
 			}
 		};
 		try {
-			if (mw_->overflowed()) {
-				mw_->clear_overflow();
-				stats_.overflows++;
-				for (auto &[id, e] : by_id_)
-					changed(e);
-			}
-			while (const auto ev = mw_->next_event()) {
-				const auto it = by_id_.find(ev->id);
-				if (it != by_id_.end())
-					changed(it->second);
+			// The kernel sets overflow after seq: a drain that
+			// loaded the new seq may find it only once read() has
+			// taken the queue's lock, so it is checked again after
+			// the events until it stays clear.
+			for (bool more = true; more;) {
+				if (mw_->overflowed()) {
+					mw_->clear_overflow();
+					stats_.overflows++;
+					for (auto &[id, e] : by_id_)
+						changed(e);
+				}
+				while (const auto ev = mw_->next_event()) {
+					const auto it = by_id_.find(ev->id);
+					if (it != by_id_.end())
+						changed(it->second);
+				}
+				more = mw_->overflowed();
 			}
 		} catch (const odpwatch::verbs::Error &) {
 			// A read that failed is no news: scan every word instead.
@@ -256,6 +285,17 @@ private:
 		if (ioctl(mw_->fd(), MEMWATCH_IOC_SET_QUEUE, &q))
 			std::fprintf(stderr, "odpwatch-ucx: ODPWATCH_UCX_QUEUE=%u: %s\n", records,
 				     std::strerror(errno));
+	}
+
+	// UCX's cache invalidates the ranges before its next lookup. Without
+	// ucm (no UCX in the process) there is no cache to tell.
+	static void tell(const std::vector<Range> &ranges)
+	{
+		if (ranges.empty())
+			return;
+		if (const vm_munmap_fn vm_munmap = ucm_vm_munmap())
+			for (const Range &r : ranges)
+				vm_munmap(reinterpret_cast<void *>(r.start), r.len);
 	}
 
 	static vm_munmap_fn ucm_vm_munmap()
@@ -281,6 +321,7 @@ private:
 	std::unordered_map<uint32_t, Entry> by_id_;
 	std::vector<Range> unwatched_;
 	std::atomic<bool> pending_{false};
+	std::atomic<int> draining_{0};
 	std::atomic<uint64_t> seen_{~uint64_t{0}};
 	std::atomic<uint64_t> on_demand_{0};
 	struct {
@@ -294,8 +335,9 @@ std::mutex create_lock;
 
 // This process's watcher, made at its first registration. A child of
 // fork() makes its own (the parent's state area is not inherited); the
-// parent's object is left behind, its descriptor closed, never destroyed:
-// its destructor would unmap an address the child may have reused.
+// parent's object is left behind, never destroyed: its destructor would
+// unmap an address the child may have reused, and close a descriptor
+// number the child may have reused too (exec closes it: CLOEXEC).
 Watcher *watcher()
 {
 	Watcher *w = current.load(std::memory_order_acquire);
@@ -305,11 +347,17 @@ Watcher *watcher()
 	w = current.load(std::memory_order_acquire);
 	if (w && w->mine())
 		return w;
-	if (w && w->fd() >= 0)
-		close(w->fd());
 	w = new Watcher;
 	current.store(w, std::memory_order_release);
 	return w;
+}
+
+// A fork() while another thread makes the watcher must not leave the
+// child a held lock.
+[[gnu::constructor]] void guard_create_lock_across_fork()
+{
+	pthread_atfork([] { create_lock.lock(); }, [] { create_lock.unlock(); },
+		       [] { create_lock.unlock(); });
 }
 
 // This process's watcher if it has one already.
@@ -333,7 +381,7 @@ thread_local bool registering = false;
 
 template <typename Reg> ibv_mr *register_watched(void *addr, size_t len, unsigned access, Reg reg)
 {
-	if (!enabled || !len || registering)
+	if (!enabled() || !len || registering)
 		return reg();
 	registering = true;
 	struct Done {
@@ -356,7 +404,7 @@ template <typename Reg> ibv_mr *register_watched(void *addr, size_t len, unsigne
 __attribute__((destructor)) void report()
 {
 	odpwatch_ucx_stats s{};
-	if (!debug || odpwatch_ucx_preload_stats(&s))
+	if (!env_flag("ODPWATCH_UCX_DEBUG", false) || odpwatch_ucx_preload_stats(&s))
 		return;
 	std::fprintf(stderr,
 		     "odpwatch-ucx: stats registrations=%lu watched=%lu unwatched=%lu "
@@ -374,7 +422,7 @@ extern "C" {
 
 int odpwatch_ucx_preload_stats(odpwatch_ucx_stats *stats)
 {
-	if (!enabled)
+	if (!enabled())
 		return -ENOENT;
 	if (!stats)
 		return -EINVAL;
@@ -385,7 +433,7 @@ int odpwatch_ucx_preload_stats(odpwatch_ucx_stats *stats)
 
 void odpwatch_ucx_preload_sync(void)
 {
-	if (enabled)
+	if (enabled())
 		before_ucp_call();
 }
 
@@ -424,7 +472,7 @@ ODPWATCH_EXPORT int ibv_dereg_mr(ibv_mr *mr)
 {
 	static const auto real =
 		next_symbol<decltype(&ibv_dereg_mr)>("ibv_dereg_mr", "libibverbs.so.1");
-	Watcher *w = enabled ? existing_watcher() : nullptr;
+	Watcher *w = enabled() ? existing_watcher() : nullptr;
 	const auto id = w ? w->take(mr) : std::nullopt;
 	const int rc = real(mr);
 	if (w && rc == 0) {
@@ -490,7 +538,15 @@ ODPWATCH_BEFORE_UCP(ucs_status_ptr_t, ucp_stream_recv_nbx,
 ODPWATCH_BEFORE_UCP(ucs_status_t, ucp_mem_map,
 		    (ucp_context_h context, const ucp_mem_map_params_t *params, ucp_mem_h *memh_p),
 		    (context, params, memh_p))
-// The older calls UCP still exports.
+// The older calls UCP still exports (ucp_put() and ucp_get() block).
+ODPWATCH_BEFORE_UCP(ucs_status_t, ucp_put,
+		    (ucp_ep_h ep, const void *buffer, size_t length, uint64_t remote_addr,
+		     ucp_rkey_h rkey),
+		    (ep, buffer, length, remote_addr, rkey))
+ODPWATCH_BEFORE_UCP(ucs_status_t, ucp_get,
+		    (ucp_ep_h ep, void *buffer, size_t length, uint64_t remote_addr,
+		     ucp_rkey_h rkey),
+		    (ep, buffer, length, remote_addr, rkey))
 ODPWATCH_BEFORE_UCP(ucs_status_ptr_t, ucp_tag_send_nb,
 		    (ucp_ep_h ep, const void *buffer, size_t count, ucp_datatype_t datatype,
 		     ucp_tag_t tag, ucp_send_callback_t cb),

@@ -75,6 +75,12 @@ def ucx_cache_kept(way):
     print(f"{way}: pinned registrations by rank {regs}")
     assert set(regs) == {0, 1}, f"no registration counts from the preload: {regs}"
     assert regs[1] <= 5, f"rank 1 registered its unchanged buffer {regs[1]} times in 100 messages"
+    # Every registration watched, no event lost to a full queue (the
+    # counters each rank's preload printed at exit).
+    stats = re.findall(r"odpwatch-ucx: stats registrations=(\d+) watched=(\d+) unwatched=(\d+) "
+                       r".* overflows=(\d+)", conftest.last_output)
+    assert len(stats) == 2, conftest.last_output[-2000:]
+    assert all(s[0] == s[1] and int(s[2]) == 0 and int(s[3]) == 0 for s in stats), stats
 
 
 @pytest.mark.parametrize("way", WAYS)
@@ -94,6 +100,8 @@ def test_mpich_ucx_pinned_memwatch(way):
     """The same with MPICH (ch4:ucx)."""
     assert stale_send("mpich", way, MiB, 100, {**UCX, **MEMWATCH_UCX}, group=WAYS) == 0
     ucx_cache_kept(way)
+    if way in DECLINED_IF_PINNED:
+        assert conftest.last_not_freed >= 90, f"freed {100 - conftest.last_not_freed} times of 100"
 
 
 # AddressSanitizer's allocator maps and unmaps with system calls of its

@@ -18,8 +18,8 @@
  * The kernel moves seq before munmap() returns, so a thread that sends from
  * a buffer after it (or another thread) unmapped and remapped the address
  * always finds the range invalidated first: no window. A watch the kernel
- * refuses (a limit) invalidates its range at the next call, so that
- * registration serves one operation only. In a child of fork() the
+ * refuses (a limit) invalidates its range at the next UCP call of any
+ * thread, so that registration serves until then. In a child of fork() the
  * preload starts afresh with a descriptor of the child's own.
  *
  * ODPWATCH_UCX=0 turns the preload off; ODPWATCH_UCX_DEBUG=1 prints its
