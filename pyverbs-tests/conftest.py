@@ -213,3 +213,18 @@ def pd(ctx):
 @pytest.fixture
 def loopback(ctx, pd):
     return LoopbackQP(ctx, pd)
+
+
+@contextlib.contextmanager
+def memwatch_max_overlap(value):
+    """vm.memwatch_max_overlap at @value while entered."""
+    path = "/proc/sys/vm/memwatch_max_overlap"
+    with open(path) as f:
+        old = f.read().strip()
+    with open(path, "w") as f:
+        f.write(str(value))
+    try:
+        yield
+    finally:
+        with open(path, "w") as f:
+            f.write(old)

@@ -4,7 +4,6 @@ per case of regcache-test (libprovider/tests/regcache_test.cpp), which moves
 real bytes through the cache's registrations with RDMA WRITE; then the same
 through the Python binding (libprovider/python/odpwatch_cache.py) beside
 pyverbs."""
-import contextlib
 import ctypes
 import errno
 import os
@@ -18,7 +17,7 @@ import pytest
 import pyverbs.enums as e
 from pyverbs.mr import MR
 
-from conftest import LoopbackQP, assert_bytes, mmap_anon, munmap
+from conftest import LoopbackQP, assert_bytes, memwatch_max_overlap, mmap_anon, munmap
 
 BINARY = "/out/guest/bin/regcache-test"
 CASES = ["reuse-pinned", "reuse-explicit-odp", "reuse-implicit-odp",
@@ -299,20 +298,6 @@ def test_version_is_the_builds():
     lib = ctypes.CDLL(LIBRARY)
     lib.odpwatch_version.restype = ctypes.c_char_p
     assert lib.odpwatch_version().decode() == want
-
-
-@contextlib.contextmanager
-def memwatch_max_overlap(value):
-    path = "/proc/sys/vm/memwatch_max_overlap"
-    with open(path) as f:
-        old = f.read().strip()
-    with open(path, "w") as f:
-        f.write(str(value))
-    try:
-        yield
-    finally:
-        with open(path, "w") as f:
-            f.write(old)
 
 
 def test_pinned_cache_past_the_overlap_bound_registers_once(ctx, pd):

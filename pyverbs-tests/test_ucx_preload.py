@@ -4,28 +4,15 @@ middleware suite's rows): ucx-preload-test (libprovider/tests/ucx_preload_test.c
 stands in for UCX's ucm_vm_munmap(), registers buffers on rxe0 through the
 preload, changes them with raw system calls and checks which ranges the
 preload hands over before a UCP call would run."""
-import contextlib
 import os
 import subprocess
 
 import pytest
 
+from conftest import memwatch_max_overlap
+
 BINARY = "/out/guest/bin/ucx-preload-test"
 PRELOAD = "/out/guest/lib/libodpwatch-ucx-preload.so"
-
-
-@contextlib.contextmanager
-def memwatch_max_overlap(value):
-    path = "/proc/sys/vm/memwatch_max_overlap"
-    with open(path) as f:
-        old = f.read().strip()
-    with open(path, "w") as f:
-        f.write(str(value))
-    try:
-        yield
-    finally:
-        with open(path, "w") as f:
-            f.write(old)
 
 
 def run(case, **env):
