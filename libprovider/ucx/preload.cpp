@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -119,7 +120,7 @@ public:
 		}
 		stats_.registrations++;
 		bool moved = false;
-		{
+		try {
 			std::lock_guard g(table_lock_);
 			if (w) {
 				stats_.watched++;
@@ -136,12 +137,16 @@ public:
 				unwatched_.push_back({uintptr_t(addr), len});
 				pending_.store(true);
 			}
+		} catch (...) {
+			// No memory to file it: UCX drops the region now and
+			// registers again at its next use.
+			moved = true;
 		}
 		if (moved) {
 			// Before UCX has the registration: its region is in
 			// the cache already and is invalidated before use.
 			stats_.invalidations++;
-			tell({{uintptr_t(addr), len}});
+			tell_range({uintptr_t(addr), len});
 		}
 	}
 
@@ -202,15 +207,21 @@ public:
 		std::vector<Range> todo;
 		pending_.store(false);
 		const uint64_t seq = mw_ ? mw_->seq() : 0;
-		{
+		try {
 			std::lock_guard g(table_lock_);
 			todo.swap(unwatched_);
 			if (mw_)
 				collect(todo);
+		} catch (...) {
+			// No memory for the list: UCX drops every region, which
+			// is always correct.
+			todo.clear();
+			tell_range({0, SIZE_MAX});
 		}
 		stats_.drains++;
 		stats_.invalidations += todo.size();
-		tell(todo);
+		for (const Range &r : todo)
+			tell_range(r);
 		seen_.store(seq, std::memory_order_release);
 		draining_--;
 	}
@@ -287,15 +298,20 @@ private:
 				     std::strerror(errno));
 	}
 
-	// UCX's cache invalidates the ranges before its next lookup. Without
-	// ucm (no UCX in the process) there is no cache to tell.
-	static void tell(const std::vector<Range> &ranges)
+	// UCX's cache invalidates the range before its next lookup. Without
+	// ucm there is no UCX in the process, and no cache to tell (said
+	// once).
+	static void tell_range(const Range &r)
 	{
-		if (ranges.empty())
+		if (const vm_munmap_fn vm_munmap = ucm_vm_munmap()) {
+			vm_munmap(reinterpret_cast<void *>(r.start), r.len);
 			return;
-		if (const vm_munmap_fn vm_munmap = ucm_vm_munmap())
-			for (const Range &r : ranges)
-				vm_munmap(reinterpret_cast<void *>(r.start), r.len);
+		}
+		static std::once_flag said;
+		std::call_once(said, [] {
+			std::fprintf(stderr, "odpwatch-ucx: no ucm_vm_munmap() in this process: no "
+					     "UCX to tell of changed registrations\n");
+		});
 	}
 
 	static vm_munmap_fn ucm_vm_munmap()
