@@ -67,6 +67,11 @@ def test_openmpi_ucx_on_demand(way):
     assert conftest.last_not_freed == 0
 
 
+# The memwatch rows run 50 messages a way (CI time: a row's 8 ways of 100
+# took about 95 s); the plain pinned row keeps 100, to show 99 corrupt.
+MEMWATCH_UCX_MESSAGES = 50
+
+
 def ucx_cache_kept(way):
     """With libodpwatch-ucx preloaded: UCX's cache still caches. Rank 1
     receives every message into the same buffer, which no way frees:
@@ -74,7 +79,7 @@ def ucx_cache_kept(way):
     regs = conftest.last_ucx_registrations
     print(f"{way}: pinned registrations by rank {regs}")
     assert set(regs) == {0, 1}, f"no registration counts from the preload: {regs}"
-    assert regs[1] <= 5, f"rank 1 registered its unchanged buffer {regs[1]} times in 100 messages"
+    assert regs[1] <= 5, f"rank 1 registered its unchanged buffer {regs[1]} times in a way"
     # Every registration watched, no event lost to a full queue (the
     # counters each rank's preload printed at exit).
     stats = re.findall(r"odpwatch-ucx: stats registrations=(\d+) watched=(\d+) unwatched=(\d+) "
@@ -88,20 +93,24 @@ def test_openmpi_ucx_pinned_memwatch(way):
     """Debian's UCX, unmodified and pinned, with memwatch through
     libodpwatch-ucx-preload.so: 0 corrupt in every way of freeing, and the
     cache kept."""
-    corrupt = stale_send("openmpi", way, MiB, 100, {**UCX, **MEMWATCH_UCX}, group=WAYS)
+    corrupt = stale_send("openmpi", way, MiB, MEMWATCH_UCX_MESSAGES, {**UCX, **MEMWATCH_UCX},
+                         group=WAYS)
     assert corrupt == 0
     ucx_cache_kept(way)
     if way in DECLINED_IF_PINNED:
-        assert conftest.last_not_freed >= 90, f"freed {100 - conftest.last_not_freed} times of 100"
+        kept = conftest.last_not_freed
+        assert kept >= MEMWATCH_UCX_MESSAGES - 5, f"kept {kept} times of {MEMWATCH_UCX_MESSAGES}"
 
 
 @pytest.mark.parametrize("way", WAYS)
 def test_mpich_ucx_pinned_memwatch(way):
     """The same with MPICH (ch4:ucx)."""
-    assert stale_send("mpich", way, MiB, 100, {**UCX, **MEMWATCH_UCX}, group=WAYS) == 0
+    assert stale_send("mpich", way, MiB, MEMWATCH_UCX_MESSAGES, {**UCX, **MEMWATCH_UCX},
+                      group=WAYS) == 0
     ucx_cache_kept(way)
     if way in DECLINED_IF_PINNED:
-        assert conftest.last_not_freed >= 90, f"freed {100 - conftest.last_not_freed} times of 100"
+        kept = conftest.last_not_freed
+        assert kept >= MEMWATCH_UCX_MESSAGES - 5, f"kept {kept} times of {MEMWATCH_UCX_MESSAGES}"
 
 
 # AddressSanitizer's allocator maps and unmaps with system calls of its
