@@ -119,6 +119,33 @@ void bench_hits_many(Report &rep, const Options &o, CacheUnderTest &c, const std
 	rep.add({kHitManyGroup, w, c.name(), s, "explicit-odp/" + w, note});
 }
 
+namespace
+{
+
+// The rows that count stale registrations compare keys: on for their
+// caches while they run (CacheUnderTest::keys_needed).
+class KeysNeeded
+{
+public:
+	explicit KeysNeeded(std::vector<CacheUnderTest *> caches) : caches_(std::move(caches))
+	{
+		for (CacheUnderTest *c : caches_)
+			c->keys_needed(true);
+	}
+	~KeysNeeded()
+	{
+		for (CacheUnderTest *c : caches_)
+			c->keys_needed(false);
+	}
+	KeysNeeded(const KeysNeeded &) = delete;
+	KeysNeeded &operator=(const KeysNeeded &) = delete;
+
+private:
+	std::vector<CacheUnderTest *> caches_;
+};
+
+} // namespace
+
 void bench_reuse(Report &rep, const Options &o, const std::vector<CacheUnderTest *> &caches,
 		 bool with_baseline)
 {
@@ -138,6 +165,7 @@ void bench_reuse(Report &rep, const Options &o, const std::vector<CacheUnderTest
 	if (with_baseline)
 		who.push_back(nullptr);
 	who.insert(who.end(), caches.begin(), caches.end());
+	const KeysNeeded keys(caches);
 	std::vector<Run> runs;
 	for (CacheUnderTest *c : who) {
 		Run r{c, {}, 64 * runs.size(), std::vector<uint32_t>(n)};
@@ -375,6 +403,7 @@ void bench_stale(Report &rep, const Options &o, CacheUnderTest &c,
 {
 	const size_t n = o.quick ? 8 : 32, len = 1 << 20;
 	const std::string w = std::to_string(n) + " buffers of 1 MiB";
+	const KeysNeeded keys({&c});
 	for (const FreeMethod &m : free_methods()) {
 		const std::string group = std::string("stale? ") + m.name;
 		if (starting)

@@ -40,6 +40,11 @@ public:
 	virtual bool pins_pages() const { return true; }
 	// One line on how the cache learns of unmaps, for the report's notes.
 	virtual std::string how() const = 0;
+	// A cache whose key costs a call of its own to learn (UCP's, from its
+	// packed remote key) gives CacheHit::key only while this is on: in
+	// the rows that count stale registrations (reuse, stale), not in
+	// the hit rows.
+	virtual void keys_needed(bool) {}
 };
 
 // Slot i: a fixed address, so a freed buffer's successor can land where it

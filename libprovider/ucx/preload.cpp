@@ -183,7 +183,8 @@ public:
 	}
 	void deregistered() { stats_.deregistrations++; }
 
-	// The one load (and a flag) on every UCP call: anything to tell UCX?
+	// What every UCP call costs (memwatch's seq and two flags):
+	// anything to tell UCX?
 	bool quiet() const noexcept
 	{
 		return !pending_.load() && !draining_.load() &&
@@ -240,8 +241,6 @@ public:
 		return s;
 	}
 	void count_on_demand() { on_demand_++; }
-	// The descriptor, closed in a child of fork() that starts afresh.
-	int fd() const { return mw_ ? mw_->fd() : -1; }
 
 private:
 	struct Entry {

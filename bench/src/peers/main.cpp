@@ -84,17 +84,22 @@ private:
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
-		std::fprintf(stderr,
-			     "usage: %s ucx|libfabric-memhooks|libfabric-uffd|libfabric-memwatch|"
-			     "libfabric-memwatch-native|libfabric-disabled [--reps N] [--quick] "
-			     "[--device NAME] [--only SECTION]\n",
-			     argv[0]);
+		std::fprintf(
+			stderr,
+			"usage: %s "
+			"ucx|ucp|ucp-memwatch|libfabric-memhooks|libfabric-uffd|libfabric-memwatch|"
+			"libfabric-memwatch-native|libfabric-disabled [--reps N] [--quick] "
+			"[--device NAME] [--only SECTION]\n",
+			argv[0]);
 		return 2;
 	}
 	const std::string peer = argv[1];
 	// The native monitor is in our libfabric, not Debian's (same soname):
-	// run again with it first in the library path.
-	if (peer == "libfabric-memwatch-native" && !getenv("ODPWATCH_PEER_NATIVE")) {
+	// run again with it first in the library path; memwatch for UCX is a
+	// preload: run again with it preloaded.
+	const bool native = peer == "libfabric-memwatch-native",
+		   ucx_preload = peer == "ucp-memwatch";
+	if ((native || ucx_preload) && !getenv("ODPWATCH_PEER_AGAIN")) {
 		char self[4096];
 		ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
 		if (n <= 0) {
@@ -102,11 +107,15 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		self[n] = 0;
-		std::string dir(self);
-		dir = dir.substr(0, dir.rfind('/'));
-		dir = dir.substr(0, dir.rfind('/')) + kNativeLibfabricDir;
-		setenv("LD_LIBRARY_PATH", dir.c_str(), 1);
-		setenv("ODPWATCH_PEER_NATIVE", "1", 1);
+		// Our programs' directory's parent: /out/guest.
+		std::string top(self);
+		top = top.substr(0, top.rfind('/'));
+		top = top.substr(0, top.rfind('/'));
+		if (native)
+			setenv("LD_LIBRARY_PATH", (top + kNativeLibfabricDir).c_str(), 1);
+		else
+			setenv("LD_PRELOAD", (top + kUcxPreload).c_str(), 1);
+		setenv("ODPWATCH_PEER_AGAIN", "1", 1);
 		execv(self, argv);
 		std::perror("execv");
 		return 1;
@@ -130,6 +139,8 @@ int main(int argc, char **argv)
 		std::unique_ptr<CacheUnderTest> c;
 		if (peer == "ucx")
 			c = make_ucx_rcache(o.device);
+		else if (peer == "ucp" || peer == "ucp-memwatch")
+			c = make_ucp_memh(o.device, peer == "ucp-memwatch");
 		else if (peer == "libfabric-memhooks")
 			c = make_libfabric_cache(o.device, "memhooks");
 		else if (peer == "libfabric-uffd")
