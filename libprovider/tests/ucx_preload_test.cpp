@@ -15,6 +15,8 @@
 // own descriptor; the parent's still works).
 // Prints "ucx-preload-test: CASE ok" and exits 0, or says what went wrong
 // and exits 1.
+#include "verbs.hpp"
+
 #include <odpwatch/ucx_preload.h>
 
 #include <dlfcn.h>
@@ -36,6 +38,8 @@
 
 namespace
 {
+
+namespace verbs = odpwatch::verbs;
 
 constexpr size_t len = 64 << 10;
 
@@ -104,29 +108,12 @@ void raw_munmap(void *p)
 }
 
 struct Device {
-	ibv_context *ctx = nullptr;
-	ibv_pd *pd = nullptr;
-	Device()
-	{
-		int n = 0;
-		ibv_device **list = ibv_get_device_list(&n);
-		for (int i = 0; list && i < n && !ctx; i++)
-			if (!std::strcmp(ibv_get_device_name(list[i]), "rxe0"))
-				ctx = ibv_open_device(list[i]);
-		if (list)
-			ibv_free_device_list(list);
-		expect(ctx, "no rxe0");
-		pd = ibv_alloc_pd(ctx);
-		expect(pd, "ibv_alloc_pd failed");
-	}
-	~Device()
-	{
-		ibv_dealloc_pd(pd);
-		ibv_close_device(ctx);
-	}
+	verbs::Context ctx = verbs::open_device("rxe0");
+	verbs::Pd pd = verbs::alloc_pd(ctx.get());
+	// Not verbs::reg_mr: the test deregisters by hand, when a case says.
 	ibv_mr *reg(void *p, unsigned access = IBV_ACCESS_LOCAL_WRITE)
 	{
-		ibv_mr *mr = ibv_reg_mr(pd, p, len, access);
+		ibv_mr *mr = ibv_reg_mr(pd.get(), p, len, access);
 		expect(mr, std::string("ibv_reg_mr failed: ") + std::strerror(errno));
 		return mr;
 	}
@@ -271,9 +258,11 @@ int main(int argc, char **argv)
 				     "unmap|overflow|unwatched|on-demand|dereg|fork\n");
 		return 2;
 	}
-	{
+	try {
 		Device dev;
 		run(dev);
+	} catch (const verbs::Error &e) {
+		fail(e.what());
 	}
 	std::printf("ucx-preload-test: %.*s ok\n", int(c.size()), c.data());
 	return 0;

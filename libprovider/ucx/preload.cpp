@@ -48,16 +48,21 @@ bool enabled()
 	return on;
 }
 
-// The definition of @name that the program would have called without us:
-// the next object's, or, when the library that has it was opened into a
-// local scope (as UCX opens its transports), that library's.
+// @name as @scope (RTLD_NEXT, RTLD_DEFAULT) finds it, or, when the library
+// that has it was opened into a local scope (as UCX opens its transports),
+// in that library if it is loaded; null if neither has it.
+void *find_symbol(void *scope, const char *name, const char *library)
+{
+	if (void *sym = dlsym(scope, name))
+		return sym;
+	void *handle = dlopen(library, RTLD_LAZY | RTLD_NOLOAD);
+	return handle ? dlsym(handle, name) : nullptr;
+}
+
+// The definition of @name that the program would have called without us.
 template <typename Fn> Fn next_symbol(const char *name, const char *library)
 {
-	void *sym = dlsym(RTLD_NEXT, name);
-	if (!sym) {
-		if (void *handle = dlopen(library, RTLD_LAZY | RTLD_NOLOAD))
-			sym = dlsym(handle, name);
-	}
+	void *sym = find_symbol(RTLD_NEXT, name, library);
 	if (!sym) {
 		std::fprintf(stderr, "odpwatch-ucx: %s not found in %s\n", name, library);
 		std::abort();
@@ -318,12 +323,8 @@ private:
 		static std::atomic<vm_munmap_fn> fn{nullptr};
 		vm_munmap_fn f = fn.load(std::memory_order_acquire);
 		if (!f) {
-			void *sym = dlsym(RTLD_DEFAULT, "ucm_vm_munmap");
-			if (!sym) {
-				if (void *h = dlopen("libucm.so.0", RTLD_LAZY | RTLD_NOLOAD))
-					sym = dlsym(h, "ucm_vm_munmap");
-			}
-			f = reinterpret_cast<vm_munmap_fn>(sym);
+			f = reinterpret_cast<vm_munmap_fn>(
+				find_symbol(RTLD_DEFAULT, "ucm_vm_munmap", "libucm.so.0"));
 			fn.store(f, std::memory_order_release);
 		}
 		return f;

@@ -226,28 +226,30 @@ void receive_all(std::string_view way, size_t size, int count)
 	std::fflush(stdout);
 }
 
-// The hits of libodpwatch-ofi's monitor so far, if it is preloaded.
-std::optional<uint64_t> monitor_hits()
+// The counters of a library of ours, if it is preloaded: @function fills
+// a Stats and returns 0.
+template <class Stats> std::optional<Stats> preloaded_stats(const char *function)
 {
-	using stats_fn = int (*)(odpwatch_ofi_stats *);
-	static const auto fn =
-		reinterpret_cast<stats_fn>(dlsym(RTLD_DEFAULT, "odpwatch_ofi_monitor_stats"));
-	odpwatch_ofi_stats s{};
+	using stats_fn = int (*)(Stats *);
+	const auto fn = reinterpret_cast<stats_fn>(dlsym(RTLD_DEFAULT, function));
+	Stats s{};
 	if (!fn || fn(&s))
 		return std::nullopt;
-	return s.hits;
+	return s;
 }
 
-// The pinned registrations UCX made so far, if libodpwatch-ucx is preloaded.
+// The hits of libodpwatch-ofi's monitor so far.
+std::optional<uint64_t> monitor_hits()
+{
+	const auto s = preloaded_stats<odpwatch_ofi_stats>("odpwatch_ofi_monitor_stats");
+	return s ? std::optional<uint64_t>(s->hits) : std::nullopt;
+}
+
+// The pinned registrations UCX made so far (libodpwatch-ucx).
 std::optional<uint64_t> ucx_registrations()
 {
-	using stats_fn = int (*)(odpwatch_ucx_stats *);
-	static const auto fn =
-		reinterpret_cast<stats_fn>(dlsym(RTLD_DEFAULT, "odpwatch_ucx_preload_stats"));
-	odpwatch_ucx_stats s{};
-	if (!fn || fn(&s))
-		return std::nullopt;
-	return s.registrations;
+	const auto s = preloaded_stats<odpwatch_ucx_stats>("odpwatch_ucx_preload_stats");
+	return s ? std::optional<uint64_t>(s->registrations) : std::nullopt;
 }
 
 } // namespace
