@@ -55,6 +55,25 @@ def test_openmpi_ucx_pinned(way):
         assert conftest.last_not_freed >= 90, f"freed {100 - conftest.last_not_freed} times of 100"
 
 
+def test_openmpi_ucx_pinned_go_runtime():
+    """A Go program (middleware/mpi/go/stale_send.go) whose buffers come
+    from Go's allocator: the runtime gives freed memory back with its own
+    madvise(), which UCX's hooks on the C library never see, and the next
+    slice lands where the last one was: nearly every message after the
+    first carries the first buffer."""
+    corrupt = stale_send("openmpi", "go", MiB, 100, UCX)
+    print(f"go: {corrupt} of 100 corrupt, {conftest.last_elsewhere} slices elsewhere")
+    assert conftest.last_elsewhere <= 10, f"{conftest.last_elsewhere} of 100 slices elsewhere"
+    assert corrupt >= 90, f"{corrupt} of 100 corrupt: the stale registration did not show"
+
+
+def test_openmpi_ucx_on_demand_go_runtime():
+    """The Go program with UCX registering on demand: 0 corrupt."""
+    corrupt = stale_send("openmpi", "go", MiB, 100, {**UCX, **ODP}, sample_odp=True)
+    assert corrupt == 0
+    assert conftest.last_odp_most >= 1, "no MR on demand seen while the job ran"
+
+
 @pytest.mark.parametrize("way", WAYS)
 def test_openmpi_ucx_on_demand(way):
     """On-demand registrations follow the address space: 0 corrupt in
@@ -100,6 +119,16 @@ def test_openmpi_ucx_pinned_memwatch(way):
     if way in DECLINED_IF_PINNED:
         kept = conftest.last_not_freed
         assert kept >= MEMWATCH_UCX_MESSAGES - 5, f"kept {kept} times of {MEMWATCH_UCX_MESSAGES}"
+
+
+def test_openmpi_ucx_pinned_memwatch_go_runtime():
+    """The Go program over Debian's UCX, pinned, with
+    libodpwatch-ucx-preload.so: what Go's runtime gives back is seen, 0
+    corrupt, and the cache kept."""
+    corrupt = stale_send("openmpi", "go", MiB, MEMWATCH_UCX_MESSAGES, {**UCX, **MEMWATCH_UCX})
+    assert corrupt == 0
+    assert conftest.last_elsewhere <= MEMWATCH_UCX_MESSAGES // 10, f"{conftest.last_elsewhere} slices elsewhere"
+    ucx_cache_kept("go")
 
 
 @pytest.mark.parametrize("way", WAYS)
@@ -199,6 +228,14 @@ def test_openmpi_ofi_memwatch_monitor(way):
     stats = ofi_monitor_stats(conftest.last_output)
     assert stats["ranks"] == 2 and stats["subscribes"] >= 1, conftest.last_output[-2000:]
     assert (conftest.last_monitor_hits or 0) >= 100, f"{conftest.last_monitor_hits} hits in {way}"
+
+
+def test_openmpi_ofi_memwatch_monitor_go_runtime():
+    """The Go program over libfabric with memwatch as its monitor: what
+    Go's runtime gives back is seen, 0 corrupt, and the cache still hits."""
+    assert stale_send("openmpi", "go", MiB, 100, {**OFI, **MEMWATCH_OFI}, pml="cm") == 0
+    assert conftest.last_elsewhere <= 10, f"{conftest.last_elsewhere} of 100 slices elsewhere"
+    assert (conftest.last_monitor_hits or 0) >= 50, f"{conftest.last_monitor_hits} hits"
 
 
 def test_openmpi_ofi_memwatch_monitor_refused_by_seccomp():
