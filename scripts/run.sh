@@ -208,8 +208,9 @@ if [ "$job" = bench ]; then
 	# perftest across the wire (node 0 measures, node 1 serves the same
 	# runs), NetPIPE over Open MPI launched from node 0 (node 1 runs only
 	# sshd meanwhile), then UCX (node 1 serves). UCX runs last: its wire
-	# runs have hung since stop 55 (the client silent for 600 s), and a
-	# failure there must not take the MPI rows with it.
+	# runs hung in earlier runs (the client silent for 600 s; the full run
+	# of 5ae2965 ran all 60), and a failure there must not take the MPI
+	# rows with it.
 	b=/out/guest/bin/odpwatch
 	two_guests bench-wire "bench: perftest, MPI and UCX across two guests on a wire" cluster \
 		"$b bench wire --peer \$ODPWATCH_PEER $args --csv /out/$dir/wire.csv >/out/$dir/wire.md 2>/out/$dir/wire.log; w=\$?
