@@ -59,8 +59,9 @@ run mpicxx.openmpi -std=c++20 -O1 -g -fsanitize=address -Wall -Wextra -Werror -I
 	>"$OUT/guest/stale_send.asan.log" 2>&1 ||
 	{ cat "$OUT/guest/stale_send.asan.log" >&2; die "stale_send does not build with AddressSanitizer"; }
 # And in Go, whose runtime gives freed memory back with system calls of its
-# own (cgo for MPI; the build cache stays in the root filesystem's /tmp).
-run sh -c 'export GOTOOLCHAIN=local GOPROXY=off GOFLAGS=-buildvcs=false GOCACHE=/tmp/go-build \
+# own (cgo for MPI; the build cache under /out, so the cached root
+# filesystem stays as it was built).
+run sh -c 'export GOTOOLCHAIN=local GOPROXY=off GOFLAGS=-buildvcs=false GOCACHE=/out/guest/go-cache CGO_ENABLED=1 \
 	CGO_CFLAGS="$(mpicc.openmpi --showme:compile) -I/odpwatch/libprovider/include" \
 	CGO_LDFLAGS="$(mpicc.openmpi --showme:link)" &&
 	go build -o /out/guest/bin/stale_send_go.openmpi /odpwatch/middleware/mpi/go/stale_send.go &&

@@ -71,6 +71,8 @@ def test_openmpi_ucx_on_demand_go_runtime():
     """The Go program with UCX registering on demand: 0 corrupt."""
     corrupt = stale_send("openmpi", "go", MiB, 100, {**UCX, **ODP}, sample_odp=True)
     assert corrupt == 0
+    # 0 corrupt only means something if the slices did reuse the address.
+    assert conftest.last_elsewhere <= 10, f"{conftest.last_elsewhere} of 100 slices elsewhere"
     assert conftest.last_odp_most >= 1, "no MR on demand seen while the job ran"
 
 
@@ -129,6 +131,10 @@ def test_openmpi_ucx_pinned_memwatch_go_runtime():
     assert corrupt == 0
     assert conftest.last_elsewhere <= MEMWATCH_UCX_MESSAGES // 10, f"{conftest.last_elsewhere} slices elsewhere"
     ucx_cache_kept("go")
+    # Rank 0's slice went back to the kernel each time: the preload dropped
+    # its registration, so each new slice was registered anew.
+    regs0 = conftest.last_ucx_registrations[0]
+    assert regs0 >= MEMWATCH_UCX_MESSAGES - 5, f"rank 0 registered {regs0} times for {MEMWATCH_UCX_MESSAGES} new slices"
 
 
 @pytest.mark.parametrize("way", WAYS)

@@ -43,6 +43,7 @@ static int recv_bytes(void *buf, int n)
 	return MPI_Recv(buf, n, MPI_BYTE, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
 }
 static void finish(void) { MPI_Finalize(); }
+static void abort_job(void) { MPI_Abort(MPI_COMM_WORLD, 1); }
 
 // The hits of libodpwatch-ofi's monitor so far, or -1 if it is not preloaded.
 static int64_t monitor_hits(void)
@@ -76,17 +77,23 @@ import (
 	"unsafe"
 )
 
+// die: the whole job ends, not just this rank (the other would wait forever).
 func die(what string, err error) {
 	fmt.Fprintf(os.Stderr, "stale_send_go: %s: %v\n", what, err)
+	C.abort_job()
 	os.Exit(1)
 }
 
-// resident: whether any page of [p, p+size) is in memory (mincore).
-func resident(p uintptr, size int) bool {
-	vec := make([]byte, (size+os.Getpagesize()-1)/os.Getpagesize())
-	_, _, e := syscall.Syscall(syscall.SYS_MINCORE, p, uintptr(size), uintptr(unsafe.Pointer(&vec[0])))
+// resident: whether any page of [p, p+len(vec) pages) is in memory (mincore
+// into vec, one byte a page).
+func resident(p uintptr, vec []byte) bool {
+	size := uintptr(len(vec) * os.Getpagesize())
+	_, _, e := syscall.Syscall(syscall.SYS_MINCORE, p, size, uintptr(unsafe.Pointer(&vec[0])))
+	if e == syscall.ENOMEM {
+		return false // nothing mapped there any more
+	}
 	if e != 0 {
-		return false // ENOMEM: nothing mapped there any more
+		die("mincore", e)
 	}
 	for _, v := range vec {
 		if v&1 != 0 {
@@ -105,6 +112,7 @@ func words(buf []byte) []uint64 {
 func sendAll(size, count int) {
 	notFreed, elsewhere := 0, 0
 	var first uintptr
+	vec := make([]byte, (size+os.Getpagesize()-1)/os.Getpagesize())
 	for i := 0; i < count; i++ {
 		buf := make([]byte, size)
 		at := uintptr(unsafe.Pointer(&buf[0]))
@@ -121,11 +129,10 @@ func sendAll(size, count int) {
 			die("MPI_Send", fmt.Errorf("error %d", rc))
 		}
 		runtime.KeepAlive(buf)
-		buf = nil
 		// A collection frees the slice; every free page goes back to
 		// the kernel, by the runtime's own madvise().
 		debug.FreeOSMemory()
-		if resident(at, size) {
+		if resident(at, vec) {
 			notFreed++
 		}
 	}
