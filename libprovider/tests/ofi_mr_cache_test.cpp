@@ -23,6 +23,8 @@
 // the child's hits, "refused=" the child's refused subscribes.
 // CASE fork-close: a child closes the domain it inherited (see
 // fork_close_case()).
+// CASE fork-inherited: a child registers, on the domain it inherited, an
+// address the parent has cached (see fork_inherited_case()).
 #include <odpwatch/ofi_monitor.h>
 
 #include <rdma/fabric.h>
@@ -136,6 +138,7 @@ const std::map<std::string_view, std::function<void(void *)>> kCases = {
 	{"reuse-late-records", [](void *) { usleep(200 * 1000); }},
 	{"fork", [](void *) {}},
 	{"fork-close", [](void *) {}},
+	{"fork-inherited", [](void *) {}},
 	{"munmap",
 	 [](void *p) {
 		 munmap(p, kLen);
@@ -244,6 +247,47 @@ int fork_close_case(Domain &d)
 	_exit(0);
 }
 
+// CASE fork-inherited: the parent registers a buffer and closes the MR, so
+// its cache keeps the registration; a child of fork() registers the same
+// address twice on the inherited domain, closes both MRs and exits: with 3
+// if it was handed the parent's MR (the parent's key), else 0. The second
+// registration makes the cache flush what the first uncached. The parent
+// then prints "result fork-inherited parent-key=K child-exit=E" and waits
+// for a line on standard input, so that the test can look for key K among
+// the device's MRs (rdma resource show mr): a child that deregistered the
+// inherited entry destroyed it, through the device file the two share.
+int fork_inherited_case(Domain &d)
+{
+	void *p = map_at(kAt, false);
+	const uint64_t key = fi_mr_key(d.reg(p).get());
+	std::fflush(stdout);
+	pid_t pid = fork();
+	if (pid < 0)
+		throw std::runtime_error("fork");
+	if (pid == 0) {
+		try {
+			auto first = d.reg(p);
+			const bool parents = fi_mr_key(first.get()) == key;
+			auto second = d.reg(p);
+			second.reset();
+			first.reset();
+			_exit(parents ? 3 : 0);
+		} catch (const std::exception &e) {
+			std::fprintf(stderr, "ofi-mr-cache-test (child): %s\n", e.what());
+			_exit(1);
+		}
+	}
+	int st = 0;
+	waitpid(pid, &st, 0);
+	std::printf("result fork-inherited parent-key=%#llx child-exit=%d\n",
+		    (unsigned long long)key, WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+	std::fflush(stdout);
+	char line[16];
+	if (!std::fgets(line, sizeof(line), stdin))
+		std::fprintf(stderr, "ofi-mr-cache-test: no line on standard input\n");
+	return 0;
+}
+
 } // namespace
 
 int main(int argc, char **argv)
@@ -262,7 +306,7 @@ int main(int argc, char **argv)
 		} else {
 			std::fprintf(stderr, "usage: ofi-mr-cache-test [--import] [--iterations N] "
 					     "reuse|reuse-late-records|munmap|syscall-munmap|"
-					     "madvise|fork|fork-close\n");
+					     "madvise|fork|fork-close|fork-inherited\n");
 			return 2;
 		}
 	}
@@ -297,6 +341,8 @@ int main(int argc, char **argv)
 			return fork_case(d);
 		if (which == "fork-close")
 			return fork_close_case(d);
+		if (which == "fork-inherited")
+			return fork_inherited_case(d);
 		int stale = 0, hits = 0;
 		for (int i = 0; i < iterations; i++) {
 			// The first registration stays open until the second is made,
