@@ -15,6 +15,7 @@ import json
 import os
 import pathlib
 import re
+import select
 import signal
 import subprocess
 
@@ -201,33 +202,53 @@ def test_native_monitor_fork_child_caches_nothing_parent_keeps_caching():
 
 
 def mr_keys_of(pid):
-    """The keys of the MRs process @pid holds, as the kernel lists them."""
+    """The keys of the MRs process @pid holds, as the kernel lists them
+    (iproute2 prints them as strings of bare hex)."""
     out = subprocess.run(["rdma", "-j", "resource", "show", "mr"], capture_output=True,
                          text=True, check=True).stdout
     keys = set()
     for mr in json.loads(out or "[]"):
         if mr.get("pid") == pid:
-            keys |= {int(mr[k], 16) for k in ("lkey", "rkey") if k in mr}
+            keys |= {int(v, 16) if isinstance(v, str) else int(v)
+                     for k, v in mr.items() if k in ("lkey", "rkey")}
     return keys
 
 
 def fork_inherited(monitor):
     """ofi-mr-cache-test fork-inherited under @monitor: (the child's exit
-    status, whether the parent's MR outlived the child, the log)."""
-    with subprocess.Popen([BINARY, "fork-inherited"], stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env=monitor_env(monitor)) as p:
-        try:
-            line = p.stdout.readline()
-            m = re.match(r"result fork-inherited parent-key=(0x[0-9a-f]+|0) child-exit=(\d+)$",
-                         line.strip())
-            keys = mr_keys_of(p.pid) if m else set()
-        finally:
-            out, err = p.communicate("done\n", timeout=60)
-    log = f"{line}{out}{err[-3000:]}"
-    assert m and p.returncode == 0, log
+    status, whether the parent's MR outlived the child, the log). The
+    parent's MR is checked to be listed before the fork, so that "gone
+    after" means the child destroyed it."""
+    lines = []
+
+    def result_line(p, timeout=60):
+        ready = select.select([p.stdout], [], [], timeout)[0]
+        line = p.stdout.readline() if ready else ""
+        lines.append(line)
+        m = re.match(r"result fork-inherited (\S+)=(\S+)$", line.strip())
+        assert m, f"no result line within {timeout} s: {lines}"
+        return m[2]
+
+    p = subprocess.Popen([BINARY, "fork-inherited"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=monitor_env(monitor), start_new_session=True)
+    try:
+        key = int(result_line(p), 16)
+        assert key in mr_keys_of(p.pid), f"the parent's MR {key:#x} is not listed before the fork"
+        p.stdin.write("fork\n")
+        p.stdin.flush()
+        child_exit = int(result_line(p))
+        keys = mr_keys_of(p.pid)
+        out, err = p.communicate("done\n", timeout=60)
+    except BaseException:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        print("".join(lines) + out + err[-3000:])
+        raise
+    log = f"{''.join(lines)}{out}{err[-3000:]}the parent's MRs: {sorted(map(hex, keys))}"
+    assert p.returncode == 0, log
     check_native_started(monitor, err)
-    return int(m[2]), int(m[1], 16) in keys, f"{log}the parent's MRs: {sorted(map(hex, keys))}"
+    return child_exit, key in keys, log
 
 
 @pytest.mark.parametrize("monitor", ["memwatch-native", "memhooks-ours"])

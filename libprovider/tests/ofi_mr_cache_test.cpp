@@ -248,23 +248,35 @@ int fork_close_case(Domain &d)
 }
 
 // CASE fork-inherited: the parent registers a buffer and closes the MR, so
-// its cache keeps the registration; a child of fork() registers the same
-// address twice on the inherited domain, closes both MRs and exits: with 3
-// if it was handed the parent's MR (the parent's key), else 0. The second
-// registration makes the cache flush what the first uncached. The parent
-// then prints "result fork-inherited parent-key=K child-exit=E" and waits
-// for a line on standard input, so that the test can look for key K among
-// the device's MRs (rdma resource show mr): a child that deregistered the
-// inherited entry destroyed it, through the device file the two share.
+// its cache keeps the registration, and prints "result fork-inherited
+// parent-key=K"; a child of fork() registers the same address twice on the
+// inherited domain, closes both MRs and exits: with 3 if it was handed the
+// parent's MR (key K), else 0. The second registration makes the cache
+// flush what the first uncached. The parent prints "result fork-inherited
+// child-exit=E". After each of its two lines it waits for a line on
+// standard input, so that the test can look for key K among the device's
+// MRs (rdma resource show mr) before and after the child: a child that
+// deregistered the inherited entry destroyed the parent's MR, through the
+// device file the two share.
+void wait_for_a_line()
+{
+	char line[16];
+	if (!std::fgets(line, sizeof(line), stdin))
+		throw std::runtime_error("no line on standard input");
+}
+
 int fork_inherited_case(Domain &d)
 {
 	void *p = map_at(kAt, false);
-	const uint64_t key = fi_mr_key(d.reg(p).get());
+	const uint64_t key = fi_mr_key(d.reg(p).get()); // closed: the cache keeps it
+	std::printf("result fork-inherited parent-key=%#llx\n", (unsigned long long)key);
 	std::fflush(stdout);
+	wait_for_a_line();
 	pid_t pid = fork();
 	if (pid < 0)
 		throw std::runtime_error("fork");
 	if (pid == 0) {
+		alarm(30);
 		try {
 			auto first = d.reg(p);
 			const bool parents = fi_mr_key(first.get()) == key;
@@ -279,12 +291,10 @@ int fork_inherited_case(Domain &d)
 	}
 	int st = 0;
 	waitpid(pid, &st, 0);
-	std::printf("result fork-inherited parent-key=%#llx child-exit=%d\n",
-		    (unsigned long long)key, WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+	std::printf("result fork-inherited child-exit=%d\n",
+		    WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
 	std::fflush(stdout);
-	char line[16];
-	if (!std::fgets(line, sizeof(line), stdin))
-		std::fprintf(stderr, "ofi-mr-cache-test: no line on standard input\n");
+	wait_for_a_line();
 	return 0;
 }
 
