@@ -16,8 +16,9 @@
 //	stale_send: rank R way=go registrations=G           (libodpwatch-ucx-preload)
 //
 // F: times the old pages were still resident after the runtime gave them
-// back (mincore); E: times the next slice landed at another address, where
-// no stale registration can be.
+// back (mincore); E: messages sent from an address no earlier message used,
+// where no stale registration can be (the runtime may move the slice and
+// come back: every address used before may hold one).
 //
 // Usage: mpirun -np 2 stale_send_go go SIZE COUNT
 package main
@@ -111,16 +112,15 @@ func words(buf []byte) []uint64 {
 // sendAll: rank 0, count messages, each from a new slice of the runtime's.
 func sendAll(size, count int) {
 	notFreed, elsewhere := 0, 0
-	var first uintptr
+	used := map[uintptr]bool{}
 	vec := make([]byte, (size+os.Getpagesize()-1)/os.Getpagesize())
 	for i := 0; i < count; i++ {
 		buf := make([]byte, size)
 		at := uintptr(unsafe.Pointer(&buf[0]))
-		if i == 0 {
-			first = at
-		} else if at != first {
+		if i > 0 && !used[at] {
 			elsewhere++
 		}
+		used[at] = true
 		ws := words(buf)
 		for w := range ws {
 			ws[w] = uint64(i)
