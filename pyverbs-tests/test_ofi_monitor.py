@@ -257,9 +257,10 @@ def test_a_fork_child_leaves_the_parents_cached_mr(monitor):
     the parent has cached (audit L7). It must get a registration of its own,
     not the parent's MR (exit 3), and must not deregister the parent's MR
     through the device file the two share: after the child is gone the
-    parent's key is still among its MRs. Our libfabric (patch 0005 of
-    other-projects/libfabric/) with a monitor that finds the inherited entry
-    invalid (memwatch) and one that finds it valid (memhooks)."""
+    parent's key is still among its MRs. Our libfabric (patches 0005 and
+    0006 of other-projects/libfabric/) with a monitor that finds the
+    inherited entry invalid (memwatch) and one that finds it valid
+    (memhooks)."""
     child_exit, kept, log = fork_inherited(monitor)
     assert child_exit == 0, f"3: the child was handed the parent's MR\n{log}"
     assert kept, f"the child destroyed the parent's MR\n{log}"
@@ -267,8 +268,8 @@ def test_a_fork_child_leaves_the_parents_cached_mr(monitor):
 
 @pytest.mark.parametrize("monitor", ["memwatch-preload", "memhooks"])
 def test_without_the_fix_a_fork_child_takes_or_destroys_the_parents_mr(monitor):
-    """The same with Debian's libfabric, which lacks patch 0005: the defect
-    the test above guards against, shown on every run. memhooks still finds
+    """The same with Debian's libfabric, which lacks 0005 and 0006: the
+    defect the test above guards against, shown on every run. memhooks still finds
     the inherited entry valid and hands the child the parent's MR; memwatch
     finds it invalid, and its flush deregisters the parent's MR. Should
     Debian's libfabric ever change this, this test says so."""
