@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: (GPL-2.0 OR BSD-2-Clause)
-// memwatch against the two ways registration caches learn of unmaps today:
-// a userfaultfd monitor thread (UFFD_EVENT_UNMAP/REMOVE/REMAP, as libfabric
-// uses it) and an interposed munmap hook (as UCX's ucm does). Each keeps the
-// same cache of ranges; the measurements are ratios within this one run.
+// memwatch against models of the two ways registration caches learn of
+// unmaps today, written here (not UCX's or libfabric's code): a userfaultfd
+// monitor thread (UFFD_EVENT_UNMAP/REMOVE/REMAP, the mechanism libfabric's
+// userfaultfd monitor uses) and an interposed munmap hook (the mechanism of
+// UCX's ucm). Each keeps the same cache of ranges; the measurements are
+// ratios within this one run.
 #include "benches.hpp"
 #include "memwatch.hpp"
 #include "report.hpp"
