@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <string_view>
 
 namespace
@@ -217,6 +218,11 @@ int main(int argc, char **argv)
 		else if (e.err() == EPERM || e.err() == EACCES)
 			std::fprintf(stderr,
 				     "hint: raise RLIMIT_MEMLOCK or run with CAP_IPC_LOCK\n");
+		return 1;
+	} catch (const std::exception &e) {
+		// Anything else (a file system or allocation error) is reported,
+		// never std::terminate().
+		std::fprintf(stderr, "odpwatch %s: %s\n", argv[i], e.what());
 		return 1;
 	}
 	std::fprintf(stderr, "odpwatch: unknown command %s\n", argv[i]);

@@ -26,22 +26,27 @@ struct Descriptor {
 std::vector<Descriptor> memwatch_descriptors()
 {
 	std::vector<Descriptor> out;
+	// Processes come and go, and others' fds need privilege: skip what
+	// cannot be read. The iterators advance with an error code, never
+	// throwing (a range-for's ++ throws when a process exits meanwhile).
+	const fs::directory_iterator end;
 	std::error_code ec;
-	for (auto &proc : fs::directory_iterator("/proc", ec)) {
-		const std::string pid = proc.path().filename();
+	for (fs::directory_iterator it("/proc", ec); !ec && it != end; it.increment(ec)) {
+		const fs::path proc = it->path();
+		const std::string pid = proc.filename();
 		if (pid.find_first_not_of("0123456789") != std::string::npos)
 			continue;
-		// Processes come and go, and others' fds need privilege: skip
-		// what cannot be read.
 		std::error_code e2;
-		for (auto &fd : fs::directory_iterator(proc.path() / "fd", e2)) {
+		for (fs::directory_iterator fdit(proc / "fd", e2); !e2 && fdit != end;
+		     fdit.increment(e2)) {
+			const fs::path fd = fdit->path();
 			std::error_code e3;
-			if (fs::read_symlink(fd.path(), e3) != "anon_inode:[memwatch]")
+			if (fs::read_symlink(fd, e3) != "anon_inode:[memwatch]")
 				continue;
-			Descriptor d{pid, fd.path().filename(), "", {}};
-			std::ifstream comm(proc.path() / "comm");
+			Descriptor d{pid, fd.filename(), "", {}};
+			std::ifstream comm(proc / "comm");
 			std::getline(comm, d.comm);
-			std::ifstream info(proc.path() / "fdinfo" / d.fd);
+			std::ifstream info(proc / "fdinfo" / d.fd);
 			for (std::string line; std::getline(info, line);) {
 				const auto colon = line.find(':');
 				if (line.rfind("memwatch-", 0) != 0 || colon == std::string::npos)
