@@ -171,15 +171,17 @@ func init() { runtime.LockOSThread() }
 
 func main() {
 	if rc := C.init(); rc != 0 {
-		die("MPI_Init", fmt.Errorf("error %d", rc))
+		// No MPI_Abort before MPI is up.
+		fmt.Fprintf(os.Stderr, "stale_send_go: MPI_Init: error %d\n", rc)
+		os.Exit(1)
 	}
 	rank := int(C.rank())
 	size, err1 := strconv.Atoi(arg(2))
 	count, err2 := strconv.Atoi(arg(3))
 	if C.ranks() != 2 || arg(1) != "go" || err1 != nil || err2 != nil ||
-		size < 8 || size%8 != 0 || count < 1 {
+		size < os.Getpagesize() || size%os.Getpagesize() != 0 || count < 1 {
 		if rank == 0 {
-			fmt.Fprintln(os.Stderr, "usage: stale_send_go go SIZE COUNT (two ranks)")
+			fmt.Fprintln(os.Stderr, "usage: stale_send_go go SIZE COUNT (two ranks; SIZE in whole pages)")
 		}
 		C.finish()
 		os.Exit(2)
