@@ -269,10 +269,10 @@ def test_a_fork_child_leaves_the_parents_cached_mr(monitor):
 @pytest.mark.parametrize("monitor", ["memwatch-preload", "memhooks"])
 def test_without_the_fix_a_fork_child_takes_or_destroys_the_parents_mr(monitor):
     """The same with Debian's libfabric, which lacks 0005 and 0006: the
-    defect the test above guards against, shown on every run. memhooks still finds
-    the inherited entry valid and hands the child the parent's MR; memwatch
-    finds it invalid, and its flush deregisters the parent's MR. Should
-    Debian's libfabric ever change this, this test says so."""
+    defect the test above guards against, shown on every run. memhooks
+    still finds the inherited entry valid and hands the child the parent's
+    MR; memwatch finds it invalid, and its flush deregisters the parent's
+    MR. Should Debian's libfabric ever change this, this test says so."""
     child_exit, kept, log = fork_inherited(monitor)
     if monitor == "memhooks":
         assert child_exit == 3, log

@@ -113,7 +113,7 @@ func words(buf []byte) []uint64 {
 func sendAll(size, count int) {
 	notFreed, elsewhere := 0, 0
 	used := map[uintptr]bool{}
-	vec := make([]byte, (size+os.Getpagesize()-1)/os.Getpagesize())
+	vec := make([]byte, size/os.Getpagesize()) // size is whole pages (main)
 	for i := 0; i < count; i++ {
 		buf := make([]byte, size)
 		at := uintptr(unsafe.Pointer(&buf[0]))
