@@ -325,6 +325,34 @@ def compare_with_stock(ours, stock):
     return tests
 
 
+def stock_floor(stock, path):
+    """Debian's rdma-core must pass at least the floor of each module
+    (PATH: 'module count' per line, # comments): a stock run that degrades
+    would otherwise shrink the comparison silently."""
+    floor = {}
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].split()
+        if not line:
+            continue
+        if len(line) != 2 or not line[1].isdigit():
+            raise SystemExit(f"{path}:{n}: expected 'module count'")
+        floor[line[0]] = int(line[1])
+    passed = {}
+    for t in stock:
+        if t["outcome"] == "passed" and t["name"].startswith("tests."):
+            mod = t["name"].split(".")[1]
+            passed[mod] = passed.get(mod, 0) + 1
+    tests = []
+    for mod, want in sorted(floor.items()):
+        got = passed.get(mod, 0)
+        print(f"rdma-core-vs-stock: Debian's rdma-core passed {got} of {mod} (floor {want})")
+        if got < want:
+            tests.append(failed(f"rdma-core-stock.{mod}: floor",
+                                f"Debian's rdma-core passed {got} tests of {mod}, fewer than the floor of "
+                                f"{want} ({Path(path).name}): the comparison shrank"))
+    return tests
+
+
 SUITES = ("selftests", "upstream-kselftests", "pyverbs-tests", "rdma-core", "rdma-core-vs-stock", "cluster", "middleware",
           "examples", "kernel-ulps", "rdma-fixes")
 
@@ -401,6 +429,7 @@ def main():
                     help="a list of expected skips of the variant (more than one: their union)")
     ap.add_argument("--suites", default=",".join(SUITES),
                     help="the suites this kernel variant runs, comma-separated; each must leave results")
+    ap.add_argument("--stock-floor", help="per module, the fewest tests Debian's rdma-core must pass")
     args = ap.parse_args()
     wanted = args.suites.split(",")
     unknown = set(wanted) - set(SUITES)
@@ -431,6 +460,8 @@ def main():
     # A stock module that did not run is a failure of the comparison.
     suites["rdma-core-vs-stock"] = compare_with_stock(suites["rdma-core"] or [], stock or []) + \
         [t for t in stock or [] if t["outcome"] == "failed" and t["name"].startswith("rdma-core-stock.")]
+    if args.stock_floor and "rdma-core-vs-stock" in wanted:
+        suites["rdma-core-vs-stock"] += stock_floor(stock or [], args.stock_floor)
     for name in SUITES:
         if name not in wanted:
             del suites[name]

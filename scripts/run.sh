@@ -230,7 +230,7 @@ check)
 	upstream_skips=$TOP/configs/expected-skips/$variant-upstream-kselftests.txt
 	[ ! -f "$upstream_skips" ] || skips+=(--expected-skips "$upstream_skips")
 	stage "results" python3 "$TOP/scripts/collect-results.py" "$OUT/$dir" \
-		--suites "${suites// /,}" "${skips[@]}" || rc=1
+		--suites "${suites// /,}" "${skips[@]}" --stock-floor "$TOP/configs/rdma-core-stock-floor.txt" || rc=1
 	log "results: $OUT/$dir/results.json"
 	;;
 check-series)

@@ -264,7 +264,7 @@ class Parsers(unittest.TestCase):
 
     def run_main(self, console, stock="test_a (tests.test_mr.M.test_a) ... ok\nRan 1 test in 0s\nOK\n",
                  skips=None, suites=None, drop=None, node_console="", agent_status="0\n",
-                 node_console_of="cluster"):
+                 node_console_of="cluster", floor=None):
         d = Path(self.dir.name)
         # The two-guest suites: cluster (node 1 runs an agent), middleware
         # and kernel-ulps (node 1 runs sshd until node 0 is done).
@@ -307,6 +307,8 @@ class Parsers(unittest.TestCase):
         argv = ["x", str(d)] + (["--suites", suites] if suites else [])
         if skips is not None:
             argv += ["--expected-skips", str(self.write("skips.txt", skips))]
+        if floor is not None:
+            argv += ["--stock-floor", str(self.write("floor.txt", floor))]
         out = io.StringIO()
         with redirect_stdout(out), unittest.mock.patch("sys.argv", argv):
             rc = cr.main()
@@ -370,6 +372,24 @@ class Parsers(unittest.TestCase):
         self.assertEqual(rc, 0, out)
         self.assertNotIn("rdma-core-vs-stock", res["suites"])
         self.assertIn("rdma-core-vs-stock: not run on this kernel variant", out)
+
+    def test_stock_floor(self):
+        # Debian's rdma-core passing fewer tests of a module than its floor
+        # fails the comparison; at or above the floor it passes.
+        rc, out, res = self.run_main("odpwatch: kernel k\n", floor="# c\ntest_mr 1\n")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("Debian's rdma-core passed 1 of test_mr (floor 1)", out)
+        rc, out, res = self.run_main("odpwatch: kernel k\n", floor="test_mr 2\ntest_qp 1\n")
+        self.assertEqual(rc, 1, out)
+        vs = res["suites"]["rdma-core-vs-stock"]
+        self.assertEqual((vs["passed"], vs["failed"]), (1, 2))
+        self.assertIn("passed 1 tests of test_mr, fewer than the floor of 2", out)
+        self.assertIn("passed 0 tests of test_qp, fewer than the floor of 1", out)
+        # The real floor file parses, and a malformed one is refused.
+        floor = Path(__file__).resolve().parents[2] / "configs/rdma-core-stock-floor.txt"
+        self.assertEqual(cr.stock_floor([], floor)[0]["outcome"], "failed")
+        with self.assertRaises(SystemExit):
+            self.run_main("odpwatch: kernel k\n", floor="test_mr many\n")
 
     def test_a_wanted_suite_that_left_nothing_fails(self):
         for f in ("selftests.ktap", "pyverbs-tests.xml", "pyverbs-tests.status", "rdma-core.test_mr.log",
