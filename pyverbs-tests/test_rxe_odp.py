@@ -1105,8 +1105,10 @@ def test_rereg_keeps_the_kind_of_mr(pd):
     back (mr->access would then say one thing and the umem another), nor
     give an implicit MR the FLUSH access its registration refuses. Each is
     EINVAL; so is persistent FLUSH access for a pinned MR whose pages were
-    never checked to be persistent memory. A change that keeps the kind
-    succeeds."""
+    never checked to be persistent memory, and IBV_ACCESS_HUGETLB for a
+    pinned MR (the flag describes an on-demand MR's pages; registration
+    refuses it without ODP, and so must rereg). A change that keeps the kind
+    succeeds, HUGETLB added to an ODP MR included."""
     buf = mmap_anon(LEN)
     mrs = []
     try:
@@ -1125,10 +1127,13 @@ def test_rereg_keeps_the_kind_of_mr(pd):
         assert rereg_error(whole, change, access=ODP & ~e.IBV_ACCESS_ON_DEMAND) == errno.EINVAL
         for flush in (e.IBV_ACCESS_FLUSH_GLOBAL, e.IBV_ACCESS_FLUSH_PERSISTENT):
             assert rereg_error(whole, change, access=ODP | flush) == errno.EINVAL
+        assert rereg_error(pinned, change, access=e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_HUGETLB) \
+            == errno.EINVAL
         # What keeps the kind goes through.
         assert rereg_error(pinned, change, access=e.IBV_ACCESS_LOCAL_WRITE |
                            e.IBV_ACCESS_REMOTE_READ) == 0
         assert rereg_error(odp, change, access=ODP | e.IBV_ACCESS_FLUSH_GLOBAL) == 0
+        assert rereg_error(odp, change, access=ODP | e.IBV_ACCESS_HUGETLB) == 0
         assert rereg_error(whole, change, access=ODP & ~e.IBV_ACCESS_REMOTE_ATOMIC) == 0
     finally:
         for mr in mrs:
