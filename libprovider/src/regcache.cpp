@@ -37,7 +37,6 @@ namespace odpwatch
 
 namespace
 {
-constexpr uint32_t entry_magic = 0x6f647063; // "odpc"
 constexpr uintptr_t no_end = std::numeric_limits<uintptr_t>::max();
 // The references of an entry on its way out of the cache, or of a shell:
 // no new reference can be taken (see RegCache::recall()).
@@ -104,7 +103,6 @@ constexpr uint64_t drain_every = 1024;
 } // namespace
 
 struct RegCache::Entry {
-	std::atomic<uint32_t> magic{entry_magic}; // 0 while a shell
 	Entry *next_shell = nullptr;
 	const RegCache *owner = nullptr; // an entry's memory serves one cache for life
 	Key key;
@@ -149,11 +147,6 @@ RegCache::~RegCache()
 ibv_mr *RegCache::mr(const Entry *e) noexcept
 {
 	return e->mr.get();
-}
-
-bool RegCache::is_entry(const Entry *e) noexcept
-{
-	return e && e->magic.load(std::memory_order_relaxed) == entry_magic;
 }
 
 bool RegCache::fresh(const Entry *e) const noexcept
@@ -389,11 +382,10 @@ void RegCache::destroy(std::unique_ptr<Entry> e) noexcept
 }
 
 // Keeps e's memory as a shell for a later entry: a pointer to it that a
-// thread still holds (its index, a put racing an eviction, a second put)
+// thread still holds (its index, a put racing an eviction)
 // keeps pointing to an Entry, whose key and refs tell it apart (check_hit()).
 void RegCache::shelve(std::unique_ptr<Entry> e) noexcept
 {
-	e->magic = 0;
 	e->watch.reset();
 	std::lock_guard lock(shells_mu_);
 	e->next_shell = shells_;
@@ -411,7 +403,6 @@ RegCache::Entry *RegCache::take_shell()
 			e->used = false;
 			e->retired = false;
 			e->indexed = false;
-			e->magic = entry_magic;
 			return e;
 		}
 	}
@@ -1148,6 +1139,94 @@ bool foreign(const odpwatch_cache *cache)
 static_assert(sizeof(odpwatch_cache_attr) == 56 &&
 	      offsetof(odpwatch_cache_attr, rc_odp_needs) == 24);
 
+// What odpwatch_cache_get() hands out: a handle per get, not the entry
+// (audit M4). The entry's one reference count cannot tell a second put of
+// one get from the put of another holder, which it would then rob; a handle
+// dies at its put, so its second put fails whoever else holds the entry.
+struct Hold {
+	std::atomic<uint32_t> state{0};
+	odpwatch_cache *cache = nullptr;
+	RegCache::Entry *entry = nullptr;
+};
+constexpr uint32_t hold_live = 0x686f6c64; // "hold"
+
+// Handles of this thread's last puts, oldest first: one is reused only
+// after hold_quarantine more puts, so a late second put finds it dead
+// rather than given to a new get. Freed at the thread's exit; a get or put
+// from a destructor that runs after that allocates and frees its own, as
+// the hit index (recent()) falls back to a slot of its own.
+constexpr size_t hold_quarantine = 256;
+
+struct Quarantine {
+	std::array<Hold *, hold_quarantine> ring{};
+	size_t first = 0, count = 0;
+
+	Hold *pop() noexcept
+	{
+		Hold *h = ring[first];
+		first = (first + 1) % ring.size();
+		count--;
+		return h;
+	}
+	~Quarantine()
+	{
+		while (count)
+			delete pop();
+	}
+};
+
+// Trivially destructible: usable until the thread's end.
+struct QuarantineState {
+	Quarantine *q;
+	bool gone;
+};
+thread_local QuarantineState quarantine_state{nullptr, false};
+
+Quarantine *quarantine() noexcept
+{
+	auto &st = quarantine_state;
+	if (!st.q && !st.gone) [[unlikely]] {
+		st.q = new (std::nothrow) Quarantine;
+		struct Reaper {
+			~Reaper()
+			{
+				delete quarantine_state.q;
+				quarantine_state = {nullptr, true};
+			}
+		};
+		// Made here, so it runs before the destructors of every
+		// thread_local made before this thread's first get.
+		static thread_local Reaper reaper;
+		static_cast<void>(reaper);
+	}
+	return st.q;
+}
+
+Hold *take_hold()
+{
+	Quarantine *q = quarantine();
+	return q && q->count == q->ring.size() ? q->pop() : new Hold;
+}
+
+void give_hold(Hold *h) noexcept
+{
+	Quarantine *q = quarantine();
+	if (!q) {
+		delete h;
+		return;
+	}
+	if (q->count == q->ring.size())
+		delete q->pop();
+	q->ring[(q->first + q->count++) % q->ring.size()] = h;
+}
+
+// The live handle reg names, or nullptr.
+Hold *live_hold(const odpwatch_cache_reg *reg)
+{
+	auto *h = reinterpret_cast<Hold *>(const_cast<odpwatch_cache_reg *>(reg));
+	return h && h->state.load(std::memory_order_acquire) == hold_live ? h : nullptr;
+}
+
 bool attr_valid(const odpwatch_cache_attr *attr)
 {
 	if (!attr)
@@ -1199,30 +1278,39 @@ int odpwatch_cache_get(struct odpwatch_cache *cache, struct ibv_pd *pd, void *ad
 	if (foreign(cache))
 		return -EPERM;
 	return odpwatch::c_abi_guarded([&] {
-		*reg = reinterpret_cast<odpwatch_cache_reg *>(
-			cache->cache.get(pd, addr, len, access));
+		Hold *h = take_hold();
+		try {
+			h->entry = cache->cache.get(pd, addr, len, access);
+		} catch (...) {
+			give_hold(h);
+			throw;
+		}
+		h->cache = cache;
+		h->state.store(hold_live, std::memory_order_release);
+		*reg = reinterpret_cast<odpwatch_cache_reg *>(h);
 		return 0;
 	});
 }
 
 int odpwatch_cache_put(struct odpwatch_cache *cache, struct odpwatch_cache_reg *reg)
 {
-	auto *e = reinterpret_cast<RegCache::Entry *>(reg);
-	if (!cache || !RegCache::is_entry(e))
+	Hold *h = live_hold(reg);
+	if (!cache || !h || h->cache != cache)
 		return -EINVAL;
 	if (foreign(cache))
 		return -EPERM;
+	// No read-modify-write: the hit path's price is counted in atomics, and
+	// two threads putting one handle at once race anyway (undefined).
+	h->state.store(0, std::memory_order_relaxed);
+	RegCache::Entry *e = h->entry;
+	give_hold(h);
 	return odpwatch::c_abi_guarded([&] { return cache->cache.put(e) ? 0 : -EINVAL; });
 }
 
 struct ibv_mr *odpwatch_cache_reg_mr(const struct odpwatch_cache_reg *reg)
 {
-	auto *e = reinterpret_cast<const RegCache::Entry *>(reg);
-	try {
-		return RegCache::is_entry(e) ? RegCache::mr(e) : nullptr;
-	} catch (...) {
-		return nullptr;
-	}
+	const Hold *h = live_hold(reg);
+	return h ? RegCache::mr(h->entry) : nullptr;
 }
 
 int odpwatch_cache_policy_of(struct odpwatch_cache *cache, struct ibv_pd *pd)

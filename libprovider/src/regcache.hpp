@@ -59,7 +59,6 @@ public:
 	// Drops a reference; false if e is not a referenced entry of a cache.
 	bool put(Entry *e);
 	static ibv_mr *mr(const Entry *e) noexcept;
-	static bool is_entry(const Entry *e) noexcept;
 
 	Policy policy_of(ibv_pd *pd);
 	odpwatch_cache_stats stats() const;

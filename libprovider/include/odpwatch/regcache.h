@@ -81,7 +81,10 @@ struct odpwatch_cache_stats {
 };
 
 struct odpwatch_cache;
-/* A reference to a cached registration, from odpwatch_cache_get(). */
+/*
+ * One get's reference to a cached registration: each get gives a handle of
+ * its own, dead after its put (a second put: -EINVAL).
+ */
 struct odpwatch_cache_reg;
 
 /* attr may be NULL (auto policy, default limits). */
