@@ -735,6 +735,73 @@ TEST_F_TIMEOUT(odp, fix_last_wqe_reached_once_per_entry_into_the_error_state,
 	EXPECT_EQ(0, fcntl(self->ctx->async_fd, F_SETFL, flags));
 }
 
+#define FLUSH_MR_LEN	(2UL << 30)
+#define FLUSH_ACCESS	(IBV_ACCESS_FLUSH_GLOBAL | IBV_ACCESS_FLUSH_PERSISTENT)
+
+/*
+ * A persistent FLUSH of a whole ODP MR of 2 GiB (unpopulated: its pages
+ * fault in as the zero page) succeeds. The MR's length went down to the ODP
+ * helpers as an int, turned negative, and the FLUSH was answered as an rkey
+ * violation.
+ */
+TEST_F_TIMEOUT(odp, fix_flush_of_a_2_gib_odp_mr, 300)
+{
+	struct ibv_qp_init_attr_ex init = {
+		.qp_type = IBV_QPT_RC,
+		.send_cq = self->l.cq, .recv_cq = self->l.cq,
+		.cap = { .max_send_wr = 1, .max_recv_wr = 1,
+			 .max_send_sge = 1, .max_recv_sge = 1 },
+		.comp_mask = IBV_QP_INIT_ATTR_PD |
+			IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.pd = self->pd,
+		.send_ops_flags = IBV_QP_EX_WITH_FLUSH,
+	};
+	struct ibv_qp_attr attr = {
+		.qp_access_flags = IBV_ACCESS_LOCAL_WRITE |
+			IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+			FLUSH_ACCESS,
+	};
+	struct ibv_qp *qp, *resp;
+	struct ibv_qp_ex *qpx;
+	struct ibv_mr *mr;
+	char *buf;
+	int st;
+
+	buf = mmap(NULL, FLUSH_MR_LEN, PROT_READ | PROT_WRITE,
+		   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	ASSERT_NE(MAP_FAILED, buf);
+	mr = ibv_reg_mr(self->pd, buf, FLUSH_MR_LEN, ODP_REMOTE | FLUSH_ACCESS);
+	ASSERT_NE(NULL, mr) TH_LOG("ibv_reg_mr: %s", strerror(errno));
+	qp = ibv_create_qp_ex(self->ctx, &init);
+	ASSERT_NE(NULL, qp) TH_LOG("a QP that posts FLUSH: %s", strerror(errno));
+	init.send_cq = self->l.peer_cq;
+	init.recv_cq = self->l.peer_cq;
+	init.comp_mask = IBV_QP_INIT_ATTR_PD;
+	resp = ibv_create_qp_ex(self->ctx, &init);
+	ASSERT_NE(NULL, resp);
+	ASSERT_EQ(0, connect_qp(self->ctx, qp, resp));
+	ASSERT_EQ(0, connect_qp(self->ctx, resp, qp));
+	ASSERT_EQ(0, ibv_modify_qp(resp, &attr, IBV_QP_ACCESS_FLAGS));
+
+	/* IBV_FLUSH_MR: the responder flushes the MR's length, not this one. */
+	qpx = ibv_qp_to_qp_ex(qp);
+	ibv_wr_start(qpx);
+	qpx->wr_id = 1;
+	qpx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_flush(qpx, mr->rkey, (uintptr_t)buf, 4096,
+		     IBV_FLUSH_PERSISTENT, IBV_FLUSH_MR);
+	ASSERT_EQ(0, ibv_wr_complete(qpx));
+	st = wait_cq(self->l.cq, 240000);
+	EXPECT_NE(IBV_WC_REM_ACCESS_ERR, st)
+		TH_LOG("REPRODUCED: the FLUSH of 2 GiB was refused as an rkey violation");
+	EXPECT_EQ(IBV_WC_SUCCESS, st) TH_LOG("FLUSH status %d", st);
+
+	EXPECT_EQ(0, ibv_destroy_qp(qp));
+	EXPECT_EQ(0, ibv_destroy_qp(resp));
+	EXPECT_EQ(0, ibv_dereg_mr(mr));
+	munmap(buf, FLUSH_MR_LEN);
+}
+
 /* Writes, reads and atomics through an implicit MR's rkey, across children. */
 TEST_F(odp, implicit_across_children)
 {
