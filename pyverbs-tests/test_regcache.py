@@ -30,7 +30,7 @@ CASES = ["reuse-pinned", "reuse-explicit-odp", "reuse-implicit-odp",
          "default-limits", "eviction-order", "churn", "more-ways-to-free-pinned",
          "more-ways-to-free-explicit-odp", "more-ways-to-free-implicit-odp", "huge-pages-pinned",
          "huge-pages-explicit-odp", "failed-registration", "brk-pinned", "brk-explicit-odp",
-         "new-cache-at-the-same-address", "get-at-thread-exit", "odp-needs"]
+         "new-cache-at-the-same-address", "get-at-thread-exit", "odp-needs", "double-put"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -42,7 +42,7 @@ def test_regcache(case):
 # The cases where threads, references and lifetimes meet, again in the
 # builds with ThreadSanitizer and with AddressSanitizer+UBSan (the library's
 # sources built in): any report fails.
-SANITIZED = ["threads-pinned", "threads-explicit-odp", "threads-implicit-odp", "churn",
+SANITIZED = ["double-put", "threads-pinned", "threads-explicit-odp", "threads-implicit-odp", "churn",
              "overlap-pinned", "overlap-explicit-odp", "limits", "eviction-order", "events",
              "reuse-pinned", "ways-to-free-pinned", "memlock-retry", "fork-child", "bad-input",
              "new-cache-at-the-same-address", "get-at-thread-exit"]

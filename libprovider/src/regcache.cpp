@@ -1141,90 +1141,101 @@ static_assert(sizeof(odpwatch_cache_attr) == 56 &&
 
 // What odpwatch_cache_get() hands out: a handle per get, not the entry
 // (audit M4). The entry's one reference count cannot tell a second put of
-// one get from the put of another holder, which it would then rob; a handle
-// dies at its put, so its second put fails whoever else holds the entry.
-struct Hold {
-	std::atomic<uint32_t> state{0};
+// one get from the put of another holder, which it would then rob. A handle
+// names a slot of a table and the slot's generation, which its put moves on:
+// a second put of it, however late, finds another generation (EINVAL), and
+// any value that names no live slot reads no memory outside the table.
+struct Slot {
+	std::atomic<uint64_t> word{0}; // generation << 1 | live
 	odpwatch_cache *cache = nullptr;
 	RegCache::Entry *entry = nullptr;
-};
-constexpr uint32_t hold_live = 0x686f6c64; // "hold"
-
-// Handles of this thread's last puts, oldest first: one is reused only
-// after hold_quarantine more puts, so a late second put finds it dead
-// rather than given to a new get. Freed at the thread's exit; a get or put
-// from a destructor that runs after that allocates and frees its own, as
-// the hit index (recent()) falls back to a slot of its own.
-constexpr size_t hold_quarantine = 256;
-
-struct Quarantine {
-	std::array<Hold *, hold_quarantine> ring{};
-	size_t first = 0, count = 0;
-
-	Hold *pop() noexcept
-	{
-		Hold *h = ring[first];
-		first = (first + 1) % ring.size();
-		count--;
-		return h;
-	}
-	~Quarantine()
-	{
-		while (count)
-			delete pop();
-	}
+	std::atomic<uint32_t> next_free{0}; // index + 1 below it on the free stack
 };
 
-// Trivially destructible: usable until the thread's end.
-struct QuarantineState {
-	Quarantine *q;
-	bool gone;
+// The table grows by chunks, never shrinks and is never freed: a stale
+// handle always points into it. Half of a handle is the slot's index + 1
+// (0 is no handle), the other half the low bits of its generation.
+constexpr unsigned half_bits = sizeof(uintptr_t) * 4;
+constexpr uintptr_t half_mask = (uintptr_t{1} << half_bits) - 1;
+constexpr unsigned chunk_bits = 12;
+constexpr size_t max_chunks = std::min<size_t>(size_t{1} << 16, half_mask >> chunk_bits);
+std::array<std::atomic<Slot *>, max_chunks> slot_chunks{};
+
+Slot *slot_at(uintptr_t index) noexcept
+{
+	if ((index >> chunk_bits) >= max_chunks)
+		return nullptr;
+	Slot *chunk = slot_chunks[index >> chunk_bits].load(std::memory_order_acquire);
+	return chunk ? &chunk[index & ((uintptr_t{1} << chunk_bits) - 1)] : nullptr;
+}
+
+// Free slots: one stack for the process, lock-free, its head tagged with a
+// count of changes so that a pop racing a pop and a push cannot take a slot
+// twice. No thread-local state: a get on one thread and its put on another
+// (sends posted here, completions reaped there) cost the same.
+struct FreeSlots {
+	std::atomic<uint64_t> head{0}; // changes << 32 | (index + 1), 0: empty
+	std::atomic<uint32_t> made{0}; // slots ever made
+	std::mutex grow_mu;
 };
-thread_local QuarantineState quarantine_state{nullptr, false};
+FreeSlots free_slots;
 
-Quarantine *quarantine() noexcept
+uint64_t next_head(uint64_t head, uint32_t index_plus_1) noexcept
 {
-	auto &st = quarantine_state;
-	if (!st.q && !st.gone) [[unlikely]] {
-		st.q = new (std::nothrow) Quarantine;
-		struct Reaper {
-			~Reaper()
-			{
-				delete quarantine_state.q;
-				quarantine_state = {nullptr, true};
-			}
-		};
-		// Made here, so it runs before the destructors of every
-		// thread_local made before this thread's first get.
-		static thread_local Reaper reaper;
-		static_cast<void>(reaper);
+	return ((head >> 32) + 1) << 32 | index_plus_1;
+}
+
+// A free slot's index; throws std::bad_alloc.
+uint32_t take_slot()
+{
+	uint64_t h = free_slots.head.load(std::memory_order_acquire);
+	while (uint32_t top = h & UINT32_MAX) {
+		const uint32_t next = slot_at(top - 1)->next_free.load(std::memory_order_relaxed);
+		if (free_slots.head.compare_exchange_weak(h, next_head(h, next),
+							  std::memory_order_acquire))
+			return top - 1;
 	}
-	return st.q;
-}
-
-Hold *take_hold()
-{
-	Quarantine *q = quarantine();
-	return q && q->count == q->ring.size() ? q->pop() : new Hold;
-}
-
-void give_hold(Hold *h) noexcept
-{
-	Quarantine *q = quarantine();
-	if (!q) {
-		delete h;
-		return;
+	const uint32_t i = free_slots.made.fetch_add(1);
+	if ((i >> chunk_bits) >= max_chunks)
+		throw std::bad_alloc();
+	auto &chunk = slot_chunks[i >> chunk_bits];
+	if (!chunk.load(std::memory_order_acquire)) {
+		std::lock_guard lock(free_slots.grow_mu);
+		if (!chunk.load(std::memory_order_relaxed))
+			chunk.store(new Slot[size_t{1} << chunk_bits], std::memory_order_release);
 	}
-	if (q->count == q->ring.size())
-		delete q->pop();
-	q->ring[(q->first + q->count++) % q->ring.size()] = h;
+	return i;
 }
 
-// The live handle reg names, or nullptr.
-Hold *live_hold(const odpwatch_cache_reg *reg)
+void give_slot(uint32_t i) noexcept
 {
-	auto *h = reinterpret_cast<Hold *>(const_cast<odpwatch_cache_reg *>(reg));
-	return h && h->state.load(std::memory_order_acquire) == hold_live ? h : nullptr;
+	Slot *s = slot_at(i);
+	uint64_t h = free_slots.head.load(std::memory_order_relaxed);
+	do
+		s->next_free.store(h & UINT32_MAX, std::memory_order_relaxed);
+	while (!free_slots.head.compare_exchange_weak(h, next_head(h, i + 1),
+						      std::memory_order_release));
+}
+
+odpwatch_cache_reg *handle_of(uint32_t i, uint64_t gen) noexcept
+{
+	return reinterpret_cast<odpwatch_cache_reg *>(((uintptr_t(gen) & half_mask) << half_bits) |
+						      (uintptr_t{i} + 1));
+}
+
+// The live slot reg names, and the word it holds; nullptr if none.
+Slot *live_slot(const odpwatch_cache_reg *reg, uint64_t *word) noexcept
+{
+	const auto h = reinterpret_cast<uintptr_t>(reg);
+	if (!(h & half_mask))
+		return nullptr;
+	Slot *s = slot_at((h & half_mask) - 1);
+	if (!s)
+		return nullptr;
+	*word = s->word.load(std::memory_order_acquire);
+	if (!(*word & 1) || ((*word >> 1) & half_mask) != h >> half_bits)
+		return nullptr;
+	return s;
 }
 
 bool attr_valid(const odpwatch_cache_attr *attr)
@@ -1278,39 +1289,43 @@ int odpwatch_cache_get(struct odpwatch_cache *cache, struct ibv_pd *pd, void *ad
 	if (foreign(cache))
 		return -EPERM;
 	return odpwatch::c_abi_guarded([&] {
-		Hold *h = take_hold();
+		const uint32_t i = take_slot();
+		Slot *s = slot_at(i);
 		try {
-			h->entry = cache->cache.get(pd, addr, len, access);
+			s->entry = cache->cache.get(pd, addr, len, access);
 		} catch (...) {
-			give_hold(h);
+			give_slot(i);
 			throw;
 		}
-		h->cache = cache;
-		h->state.store(hold_live, std::memory_order_release);
-		*reg = reinterpret_cast<odpwatch_cache_reg *>(h);
+		s->cache = cache;
+		const uint64_t gen = s->word.load(std::memory_order_relaxed) >> 1;
+		s->word.store(gen << 1 | 1, std::memory_order_release);
+		*reg = handle_of(i, gen);
 		return 0;
 	});
 }
 
 int odpwatch_cache_put(struct odpwatch_cache *cache, struct odpwatch_cache_reg *reg)
 {
-	Hold *h = live_hold(reg);
-	if (!cache || !h || h->cache != cache)
+	uint64_t word = 0;
+	Slot *s = live_slot(reg, &word);
+	if (!cache || !s || s->cache != cache)
 		return -EINVAL;
 	if (foreign(cache))
 		return -EPERM;
-	// No read-modify-write: the hit path's price is counted in atomics, and
-	// two threads putting one handle at once race anyway (undefined).
-	h->state.store(0, std::memory_order_relaxed);
-	RegCache::Entry *e = h->entry;
-	give_hold(h);
+	// One put of two at once wins; the slot's next generation kills the handle.
+	if (!s->word.compare_exchange_strong(word, ((word >> 1) + 1) << 1))
+		return -EINVAL;
+	RegCache::Entry *e = s->entry;
+	give_slot(static_cast<uint32_t>((reinterpret_cast<uintptr_t>(reg) & half_mask) - 1));
 	return odpwatch::c_abi_guarded([&] { return cache->cache.put(e) ? 0 : -EINVAL; });
 }
 
 struct ibv_mr *odpwatch_cache_reg_mr(const struct odpwatch_cache_reg *reg)
 {
-	const Hold *h = live_hold(reg);
-	return h ? RegCache::mr(h->entry) : nullptr;
+	uint64_t word = 0;
+	const Slot *s = live_slot(reg, &word);
+	return s ? RegCache::mr(s->entry) : nullptr;
 }
 
 int odpwatch_cache_policy_of(struct odpwatch_cache *cache, struct ibv_pd *pd)

@@ -187,7 +187,7 @@ private:
 	std::jthread reaper_; // started with the first registration sent to it
 
 	// Destroyed entries' memory, freed with the cache: an Entry pointer a
-	// caller still holds (a put racing an eviction, a second put) always
+	// thread still holds (its hit index, a put racing an eviction) always
 	// points to an Entry.
 	std::mutex shells_mu_;
 	Entry *shells_ = nullptr;

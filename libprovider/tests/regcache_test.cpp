@@ -1329,10 +1329,32 @@ void double_put()
 	CHECK_RC(odpwatch_cache_put(c.c, mine), -EINVAL);
 	CHECK(odpwatch_cache_reg_mr(mine) == nullptr); // a put handle gives no MR
 	CHECK(c.stats().in_use == 1);
-	// Gets and puts of this thread since do not make the handle valid again.
-	for (int i = 0; i < 16; i++)
+	// Gets and puts since, on this thread and on others, do not make the
+	// handle valid again, though they reuse its slot.
+	for (int i = 0; i < 4; i++)
 		p.send(c.c, other);
+	for (int i = 0; i < 2000; i++) {
+		odpwatch_cache_reg *r = nullptr;
+		CHECK_RC(odpwatch_cache_get(c.c, p.pd.get(), other.data(), buf_len, local_access,
+					    &r),
+			 0);
+		CHECK_RC(odpwatch_cache_put(c.c, r), 0);
+	}
 	CHECK_RC(odpwatch_cache_put(c.c, mine), -EINVAL);
+	odpwatch_cache_reg *moved = nullptr;
+	CHECK_RC(odpwatch_cache_get(c.c, p.pd.get(), other.data(), buf_len, local_access, &moved),
+		 0);
+	std::atomic<int> rc{1};
+	std::thread([&] { rc = odpwatch_cache_put(c.c, moved); }).join();
+	CHECK_RC(rc.load(), 0);
+	CHECK_RC(odpwatch_cache_put(c.c, moved), -EINVAL);
+	CHECK_RC(odpwatch_cache_put(c.c, mine), -EINVAL);
+	// Values that were never handles read nothing outside the library's table.
+	for (uintptr_t bogus : {uintptr_t{0x12345}, ~uintptr_t{0}, uintptr_t{1}}) {
+		auto *r = reinterpret_cast<odpwatch_cache_reg *>(bogus);
+		CHECK_RC(odpwatch_cache_put(c.c, r), -EINVAL);
+		CHECK(odpwatch_cache_reg_mr(r) == nullptr);
+	}
 	CHECK_RC(odpwatch_cache_flush(c.c), 0);
 	// Theirs is still registered: its bytes go out through it.
 	std::memset(p.dst.data(), 0, buf_len);
