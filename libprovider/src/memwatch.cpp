@@ -15,8 +15,8 @@
 
 // The number comes from the odpwatch kernel's installed uAPI headers (read
 // by CMake: the C library's own kernel headers come first and may predate
-// it), never from a literal here.
-#ifdef __NR_memwatch_create
+// it), never from a literal here; -1 when built without them.
+#if defined(__NR_memwatch_create) && ODPWATCH_NR_MEMWATCH_CREATE >= 0
 static_assert(__NR_memwatch_create == ODPWATCH_NR_MEMWATCH_CREATE,
 	      "the C library and the odpwatch kernel headers disagree");
 #endif
@@ -34,6 +34,8 @@ std::atomic<uint64_t> fork_count{0};
 
 bool Memwatch::supported()
 {
+	if (ODPWATCH_NR_MEMWATCH_CREATE < 0)
+		return false;
 	// The kernel publishes this limit exactly when it has memwatch. Without
 	// /proc/sys (a container) the system call has to tell.
 	if (access("/proc/sys/user", F_OK) == 0)
@@ -53,6 +55,10 @@ bool Memwatch::supported()
 
 int Memwatch::create_fd(unsigned flags)
 {
+	if (ODPWATCH_NR_MEMWATCH_CREATE < 0) { // built without the number
+		errno = ENOSYS;
+		return -1;
+	}
 	return static_cast<int>(syscall(ODPWATCH_NR_MEMWATCH_CREATE, flags));
 }
 
