@@ -40,7 +40,49 @@ namespace
 constexpr uintptr_t no_end = std::numeric_limits<uintptr_t>::max();
 // The references of an entry on its way out of the cache, or of a shell:
 // no new reference can be taken (see RegCache::recall()).
-constexpr uint32_t no_refs = std::numeric_limits<uint32_t>::max();
+constexpr uint64_t no_refs = std::numeric_limits<uint32_t>::max();
+
+// An entry's refs word: the count of references in the low half, and in
+// bits 32-62 which handles of odpwatch_cache_get() hold one (audit M4: a
+// count alone cannot tell a second put of one get from another holder's
+// put). Taken and dropped with the count in one compare-exchange, so a
+// handle costs the hit path nothing. More holders than bits hold untracked
+// references (handle bit 0), counted only.
+constexpr uint64_t count_mask = UINT32_MAX;
+constexpr unsigned holder_bits = 31;
+
+// r with one more reference; *holder: the bit it holds + 1, the first free
+// one from hint on (so that a bit just released is taken last), or 0.
+uint64_t with_ref(uint64_t r, unsigned hint, unsigned &holder)
+{
+	const uint64_t free = ~(r >> 32) & ((uint64_t{1} << holder_bits) - 1);
+	if (!free) {
+		holder = 0;
+		return r + 1;
+	}
+	const uint64_t above = free & (~uint64_t{0} << hint);
+	const unsigned b = unsigned(std::countr_zero(above ? above : free));
+	holder = b + 1;
+	return (r + 1) | uint64_t{1} << (32 + b);
+}
+
+// r without the reference of holder, false if it holds none: no reference
+// at all, its bit clear, or (untracked) every reference held by a bit.
+bool without_ref(uint64_t r, unsigned holder, uint64_t &out)
+{
+	if (!(r & count_mask) || r == no_refs)
+		return false;
+	if (holder) {
+		const uint64_t bit = uint64_t{1} << (32 + holder - 1);
+		if (!(r & bit))
+			return false;
+		r &= ~bit;
+	} else if ((r & count_mask) <= uint64_t(std::popcount(r >> 32))) {
+		return false;
+	}
+	out = r - 1;
+	return true;
+}
 // Tells caches apart in the per-thread index, also one made where a
 // destroyed one was.
 std::atomic<uint64_t> cache_ids{0};
@@ -102,17 +144,20 @@ constexpr int max_union_passes = 3;
 constexpr uint64_t drain_every = 1024;
 } // namespace
 
-struct RegCache::Entry {
+// Aligned so that a handle has the low bits for its holder bit.
+struct alignas(64) RegCache::Entry {
 	Entry *next_shell = nullptr;
 	const RegCache *owner = nullptr; // an entry's memory serves one cache for life
 	Key key;
 	Policy policy;
 	verbs::Mr mr;
 	std::optional<Memwatch::Watch> watch;
-	std::atomic<uint32_t> refs{0};
-	std::atomic<bool> used{false};	  // hit since eviction last looked
-	std::atomic<bool> retired{false}; // out of the map, freed at the last put
-	bool indexed = false;		  // in the page index (exclusive lock)
+	std::atomic<uint64_t> refs{0};	      // see with_ref()
+	std::atomic<uint8_t> next_holder{0};  // a hint: the bit to try first
+	std::atomic<uint16_t> incarnation{0}; // lives of this memory, for handles
+	std::atomic<bool> used{false};	      // hit since eviction last looked
+	std::atomic<bool> retired{false};     // out of the map, freed at the last put
+	bool indexed = false;		      // in the page index (exclusive lock)
 	std::list<Entry *>::iterator lru_pos;
 	// What it pins: an implicit ODP MR covers everything and pins nothing.
 	uint64_t bytes() const { return policy == Policy::ImplicitOdp ? 0 : key.end - key.start; }
@@ -147,6 +192,19 @@ RegCache::~RegCache()
 ibv_mr *RegCache::mr(const Entry *e) noexcept
 {
 	return e->mr.get();
+}
+
+bool RegCache::holds(const Entry *e, unsigned holder) noexcept
+{
+	const uint64_t refs = e->refs.load(std::memory_order_relaxed);
+	if (refs == no_refs || !(refs & count_mask))
+		return false;
+	return holder ? (refs >> (32 + holder - 1)) & 1 : true;
+}
+
+uint16_t RegCache::incarnation(const Entry *e) noexcept
+{
+	return e->incarnation.load(std::memory_order_relaxed);
 }
 
 bool RegCache::fresh(const Entry *e) const noexcept
@@ -354,7 +412,8 @@ std::unique_ptr<RegCache::Entry> RegCache::register_range(const Key &k, Policy p
 // the page index too if @index.
 void RegCache::insert(std::unique_ptr<Entry> e, bool index)
 {
-	e->refs = 1;
+	e->refs = 1 | uint64_t{1} << 32; // the get's, holder 1
+	e->next_holder.store(1, std::memory_order_relaxed);
 	if (e->watch)
 		by_watch_.emplace(e->watch->id, e.get());
 	bytes_ += e->bytes();
@@ -400,6 +459,7 @@ RegCache::Entry *RegCache::take_shell()
 		if (Entry *e = shells_) {
 			shells_ = e->next_shell;
 			e->refs = no_refs; // until insert(): see recall()
+			e->incarnation.fetch_add(1, std::memory_order_relaxed);
 			e->used = false;
 			e->retired = false;
 			e->indexed = false;
@@ -518,7 +578,7 @@ void RegCache::invalidate(Entry *e, Graveyard &dead)
 	// Marked before refs is read: a put() that takes refs to 0 after this
 	// read sees the mark and frees the entry (put() takes no lock).
 	e->retired = true;
-	uint32_t unused = 0;
+	uint64_t unused = 0;
 	if (e->refs.compare_exchange_strong(unused, no_refs))
 		dead.add(std::move(owned));
 	else
@@ -559,10 +619,26 @@ bool RegCache::drop_if_stale(Entry *e, Graveyard &dead)
 	return true;
 }
 
-// A hit: a reference and a use, under either lock.
-RegCache::Entry *RegCache::take(Entry *e)
+// A reference to e for a handle (holder: its bit + 1, or 0), unless e has
+// no_refs (leaving the cache, or not in it yet).
+bool RegCache::take_ref(Entry *e, unsigned &holder)
 {
-	e->refs++;				      // an entry in the map never has no_refs
+	const unsigned hint = e->next_holder.load(std::memory_order_relaxed);
+	uint64_t refs = e->refs.load(), more;
+	do {
+		if (refs == no_refs)
+			return false;
+		more = with_ref(refs, hint, holder);
+	} while (!e->refs.compare_exchange_weak(refs, more));
+	if (holder)
+		e->next_holder.store(uint8_t(holder % holder_bits), std::memory_order_relaxed);
+	return true;
+}
+
+// A hit: a reference and a use, under either lock.
+RegCache::Entry *RegCache::take(Entry *e, unsigned &holder)
+{
+	take_ref(e, holder);			      // an entry in the map never has no_refs
 	if (!e->used.load(std::memory_order_relaxed)) // no store on a hot entry
 		e->used.store(true, std::memory_order_relaxed);
 	hits_++;
@@ -745,11 +821,12 @@ void RegCache::index_pages(Entry *e, bool on)
 
 // A hit from the page index, with a reference taken; nullptr to look
 // further. No lock: see PageIndex.
-RegCache::Entry *RegCache::indexed(ibv_pd *pd, uintptr_t a, uintptr_t end, unsigned access)
+RegCache::Entry *RegCache::indexed(ibv_pd *pd, uintptr_t a, uintptr_t end, unsigned access,
+				   unsigned &holder)
 {
 	const PageIndex *pi = page_index(pd, access, false);
 	Entry *e = pi ? pi->find(a >> page_shift_) : nullptr;
-	return e ? check_hit(e, pd, a, end, access) : nullptr;
+	return e ? check_hit(e, pd, a, end, access, holder) : nullptr;
 }
 
 // e (from an index, without the lock) with a reference taken, if it is a
@@ -759,13 +836,10 @@ RegCache::Entry *RegCache::indexed(ibv_pd *pd, uintptr_t a, uintptr_t end, unsig
 // it leaves the cache unreferenced and keeps until insert() sets 1 in its
 // next life; while it is held, the entry's key and watch stay.
 RegCache::Entry *RegCache::check_hit(Entry *e, ibv_pd *pd, uintptr_t a, uintptr_t end,
-				     unsigned access)
+				     unsigned access, unsigned &holder)
 {
-	uint32_t refs = e->refs.load();
-	do {
-		if (refs == no_refs)
-			return nullptr;
-	} while (!e->refs.compare_exchange_weak(refs, refs + 1));
+	if (!take_ref(e, holder))
+		return nullptr;
 	const Key &k = e->key;
 	// With local access only, an entry with more access will do, as in
 	// lookup() (the per-thread index keeps those too).
@@ -776,7 +850,7 @@ RegCache::Entry *RegCache::check_hit(Entry *e, ibv_pd *pd, uintptr_t a, uintptr_
 		ok = (a & ~(page - 1)) == k.start && ((end + page - 1) & ~(page - 1)) == k.end;
 	}
 	if (!ok || !fresh(e)) {
-		put(e);
+		put(e, holder);
 		return nullptr;
 	}
 	if (!e->used.load(std::memory_order_relaxed))
@@ -845,12 +919,13 @@ void RegCache::remember(Entry *e, ibv_pd *pd, uintptr_t a, unsigned access)
 
 // A hit from this thread's index, with a reference taken; nullptr to look
 // it up. Lock-free, as indexed().
-RegCache::Entry *RegCache::recall(ibv_pd *pd, uintptr_t a, uintptr_t end, unsigned access)
+RegCache::Entry *RegCache::recall(ibv_pd *pd, uintptr_t a, uintptr_t end, unsigned access,
+				  unsigned &holder)
 {
 	Recent &r = recent(a);
 	if (r.cache != id_ || r.pd != pd || r.access != access || a < r.start || end > r.end)
 		return nullptr;
-	Entry *e = check_hit(r.e, pd, a, end, access);
+	Entry *e = check_hit(r.e, pd, a, end, access, holder);
 	if (!e)
 		r.cache = 0;
 	return e;
@@ -883,7 +958,8 @@ void RegCache::drain_events() noexcept
 	}
 }
 
-RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigned access)
+RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigned access,
+			       unsigned &holder)
 {
 	const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
 	if (!pd || !len || a + len < a)
@@ -891,9 +967,9 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 	// The hit path: the page index, then this thread's index of its
 	// recent hits (implicit ODP), without a lock; else one shared section
 	// for the PD's policy and the entry.
-	if (Entry *e = indexed(pd, a, a + len, access))
+	if (Entry *e = indexed(pd, a, a + len, access, holder))
 		return e;
-	if (Entry *e = recall(pd, a, a + len, access))
+	if (Entry *e = recall(pd, a, a + len, access, holder))
 		return e;
 	const uintptr_t page = page_size();
 	auto key_for = [&](Policy p) {
@@ -909,7 +985,7 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 			if (Entry *e = lookup(key_for(for_access(it->second, access)));
 			    e && fresh(e)) {
 				remember(e, pd, a, access);
-				hit = take(e);
+				hit = take(e, holder);
 			}
 	}
 	if (hit) {
@@ -942,7 +1018,9 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 				if (e) {
 					if (fresh_entry)
 						dead.add(std::move(fresh_entry));
-					return take(e); // another thread registered it meanwhile
+					return take(
+						e,
+						holder); // another thread registered it meanwhile
 				}
 				// The union so far and what overlaps it now. An
 				// entry found stale since (by these lookups, the
@@ -981,6 +1059,7 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 					// (Not in the page index: nobody else may
 					// take it.)
 					insert(std::move(fresh_entry), !once);
+					holder = 1;
 					misses_++;
 					if (once) {
 						if (policy == Policy::Pinned && !mw_)
@@ -1056,22 +1135,22 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 // send this put to the exclusive section for nothing. That section is taken
 // only when the last reference goes from a stale entry, or while the cache
 // is over its limits.
-bool RegCache::put(Entry *e)
+bool RegCache::put(Entry *e, unsigned holder)
 {
 	if (e->owner != this) // another cache's registration
 		return false;
-	uint32_t refs = e->refs.load();
+	uint64_t refs = e->refs.load(), less;
 	do {
-		if (refs == 0 || refs == no_refs)
+		if (!without_ref(refs, holder, less))
 			return false;
-	} while (!e->refs.compare_exchange_weak(refs, refs - 1));
-	if (refs != 1 || !(e->retired.load() || over_limit_.load()))
+	} while (!e->refs.compare_exchange_weak(refs, less));
+	if ((refs & count_mask) != 1 || !(e->retired.load() || over_limit_.load()))
 		return true;
 
 	Graveyard dead(*this);
 	std::unique_lock lock(mu_);
 	if (auto it = retired_.find(e); it != retired_.end()) {
-		uint32_t unused = 0;
+		uint64_t unused = 0;
 		if (e->refs.compare_exchange_strong(unused, no_refs)) {
 			dead.add(std::move(it->second));
 			retired_.erase(it);
@@ -1139,103 +1218,37 @@ bool foreign(const odpwatch_cache *cache)
 static_assert(sizeof(odpwatch_cache_attr) == 56 &&
 	      offsetof(odpwatch_cache_attr, rc_odp_needs) == 24);
 
-// What odpwatch_cache_get() hands out: a handle per get, not the entry
-// (audit M4). The entry's one reference count cannot tell a second put of
-// one get from the put of another holder, which it would then rob. A handle
-// names a slot of a table and the slot's generation, which its put moves on:
-// a second put of it, however late, finds another generation (EINVAL), and
-// any value that names no live slot reads no memory outside the table.
-struct Slot {
-	std::atomic<uint64_t> word{0}; // generation << 1 | live
-	odpwatch_cache *cache = nullptr;
-	RegCache::Entry *entry = nullptr;
-	std::atomic<uint32_t> next_free{0}; // index + 1 below it on the free stack
-};
+// What odpwatch_cache_get() hands out (audit M4): the entry's address, the
+// bit of its refs word the get holds in the low bits (entries are aligned
+// to 64), and on a 64-bit system the entry memory's life in the top 16 bits
+// (user addresses have 47), so that a handle of an entry destroyed since,
+// whose memory now serves another, is refused too.
+constexpr uintptr_t holder_mask = 63;
+constexpr unsigned life_shift = sizeof(uintptr_t) == 8 ? 48 : 0;
+constexpr uintptr_t address_mask =
+	(life_shift ? (uintptr_t{1} << life_shift) - 1 : ~uintptr_t{0}) & ~holder_mask;
+static_assert(alignof(RegCache::Entry) > 31); // holder bits + 1
 
-// The table grows by chunks, never shrinks and is never freed: a stale
-// handle always points into it. Half of a handle is the slot's index + 1
-// (0 is no handle), the other half the low bits of its generation.
-constexpr unsigned half_bits = sizeof(uintptr_t) * 4;
-constexpr uintptr_t half_mask = (uintptr_t{1} << half_bits) - 1;
-constexpr unsigned chunk_bits = 12;
-constexpr size_t max_chunks = std::min<size_t>(size_t{1} << 16, half_mask >> chunk_bits);
-std::array<std::atomic<Slot *>, max_chunks> slot_chunks{};
-
-Slot *slot_at(uintptr_t index) noexcept
+odpwatch_cache_reg *handle_of(RegCache::Entry *e, unsigned holder) noexcept
 {
-	if ((index >> chunk_bits) >= max_chunks)
-		return nullptr;
-	Slot *chunk = slot_chunks[index >> chunk_bits].load(std::memory_order_acquire);
-	return chunk ? &chunk[index & ((uintptr_t{1} << chunk_bits) - 1)] : nullptr;
+	uintptr_t h = reinterpret_cast<uintptr_t>(e) | holder;
+	if constexpr (life_shift)
+		h |= uintptr_t{RegCache::incarnation(e)} << life_shift;
+	return reinterpret_cast<odpwatch_cache_reg *>(h);
 }
 
-// Free slots: one stack for the process, lock-free, its head tagged with a
-// count of changes so that a pop racing a pop and a push cannot take a slot
-// twice. No thread-local state: a get on one thread and its put on another
-// (sends posted here, completions reaped there) cost the same.
-struct FreeSlots {
-	std::atomic<uint64_t> head{0}; // changes << 32 | (index + 1), 0: empty
-	std::atomic<uint32_t> made{0}; // slots ever made
-	std::mutex grow_mu;
-};
-FreeSlots free_slots;
-
-uint64_t next_head(uint64_t head, uint32_t index_plus_1) noexcept
-{
-	return ((head >> 32) + 1) << 32 | index_plus_1;
-}
-
-// A free slot's index; throws std::bad_alloc.
-uint32_t take_slot()
-{
-	uint64_t h = free_slots.head.load(std::memory_order_acquire);
-	while (uint32_t top = h & UINT32_MAX) {
-		const uint32_t next = slot_at(top - 1)->next_free.load(std::memory_order_relaxed);
-		if (free_slots.head.compare_exchange_weak(h, next_head(h, next),
-							  std::memory_order_acquire))
-			return top - 1;
-	}
-	const uint32_t i = free_slots.made.fetch_add(1);
-	if ((i >> chunk_bits) >= max_chunks)
-		throw std::bad_alloc();
-	auto &chunk = slot_chunks[i >> chunk_bits];
-	if (!chunk.load(std::memory_order_acquire)) {
-		std::lock_guard lock(free_slots.grow_mu);
-		if (!chunk.load(std::memory_order_relaxed))
-			chunk.store(new Slot[size_t{1} << chunk_bits], std::memory_order_release);
-	}
-	return i;
-}
-
-void give_slot(uint32_t i) noexcept
-{
-	Slot *s = slot_at(i);
-	uint64_t h = free_slots.head.load(std::memory_order_relaxed);
-	do
-		s->next_free.store(h & UINT32_MAX, std::memory_order_relaxed);
-	while (!free_slots.head.compare_exchange_weak(h, next_head(h, i + 1),
-						      std::memory_order_release));
-}
-
-odpwatch_cache_reg *handle_of(uint32_t i, uint64_t gen) noexcept
-{
-	return reinterpret_cast<odpwatch_cache_reg *>(((uintptr_t(gen) & half_mask) << half_bits) |
-						      (uintptr_t{i} + 1));
-}
-
-// The live slot reg names, and the word it holds; nullptr if none.
-Slot *live_slot(const odpwatch_cache_reg *reg, uint64_t *word) noexcept
+// The entry a handle names, if it is of the entry's present life.
+RegCache::Entry *entry_of(const odpwatch_cache_reg *reg, unsigned &holder) noexcept
 {
 	const auto h = reinterpret_cast<uintptr_t>(reg);
-	if (!(h & half_mask))
+	auto *e = reinterpret_cast<RegCache::Entry *>(h & address_mask);
+	holder = unsigned(h & holder_mask);
+	if (!e)
 		return nullptr;
-	Slot *s = slot_at((h & half_mask) - 1);
-	if (!s)
-		return nullptr;
-	*word = s->word.load(std::memory_order_acquire);
-	if (!(*word & 1) || ((*word >> 1) & half_mask) != h >> half_bits)
-		return nullptr;
-	return s;
+	if constexpr (life_shift)
+		if (h >> life_shift != RegCache::incarnation(e))
+			return nullptr;
+	return e;
 }
 
 bool attr_valid(const odpwatch_cache_attr *attr)
@@ -1289,43 +1302,29 @@ int odpwatch_cache_get(struct odpwatch_cache *cache, struct ibv_pd *pd, void *ad
 	if (foreign(cache))
 		return -EPERM;
 	return odpwatch::c_abi_guarded([&] {
-		const uint32_t i = take_slot();
-		Slot *s = slot_at(i);
-		try {
-			s->entry = cache->cache.get(pd, addr, len, access);
-		} catch (...) {
-			give_slot(i);
-			throw;
-		}
-		s->cache = cache;
-		const uint64_t gen = s->word.load(std::memory_order_relaxed) >> 1;
-		s->word.store(gen << 1 | 1, std::memory_order_release);
-		*reg = handle_of(i, gen);
+		unsigned holder = 0;
+		RegCache::Entry *e = cache->cache.get(pd, addr, len, access, holder);
+		*reg = handle_of(e, holder);
 		return 0;
 	});
 }
 
 int odpwatch_cache_put(struct odpwatch_cache *cache, struct odpwatch_cache_reg *reg)
 {
-	uint64_t word = 0;
-	Slot *s = live_slot(reg, &word);
-	if (!cache || !s || s->cache != cache)
+	unsigned holder = 0;
+	RegCache::Entry *e = entry_of(reg, holder);
+	if (!cache || !e)
 		return -EINVAL;
 	if (foreign(cache))
 		return -EPERM;
-	// One put of two at once wins; the slot's next generation kills the handle.
-	if (!s->word.compare_exchange_strong(word, ((word >> 1) + 1) << 1))
-		return -EINVAL;
-	RegCache::Entry *e = s->entry;
-	give_slot(static_cast<uint32_t>((reinterpret_cast<uintptr_t>(reg) & half_mask) - 1));
-	return odpwatch::c_abi_guarded([&] { return cache->cache.put(e) ? 0 : -EINVAL; });
+	return odpwatch::c_abi_guarded([&] { return cache->cache.put(e, holder) ? 0 : -EINVAL; });
 }
 
 struct ibv_mr *odpwatch_cache_reg_mr(const struct odpwatch_cache_reg *reg)
 {
-	uint64_t word = 0;
-	const Slot *s = live_slot(reg, &word);
-	return s ? RegCache::mr(s->entry) : nullptr;
+	unsigned holder = 0;
+	const RegCache::Entry *e = entry_of(reg, holder);
+	return e && RegCache::holds(e, holder) ? RegCache::mr(e) : nullptr;
 }
 
 int odpwatch_cache_policy_of(struct odpwatch_cache *cache, struct ibv_pd *pd)

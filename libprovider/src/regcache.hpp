@@ -54,10 +54,14 @@ public:
 	~RegCache();
 
 	// A registration covering [addr, addr + len) with at least access, with
-	// a reference taken. Throws verbs::Error.
-	Entry *get(ibv_pd *pd, const void *addr, size_t len, unsigned access);
-	// Drops a reference; false if e is not a referenced entry of a cache.
-	bool put(Entry *e);
+	// a reference taken for holder (see with_ref() in regcache.cpp).
+	// Throws verbs::Error.
+	Entry *get(ibv_pd *pd, const void *addr, size_t len, unsigned access, unsigned &holder);
+	// Drops holder's reference; false if it holds none of this cache's e.
+	bool put(Entry *e, unsigned holder);
+	// Whether holder holds a reference to e, and e's life (for handles).
+	static bool holds(const Entry *e, unsigned holder) noexcept;
+	static uint16_t incarnation(const Entry *e) noexcept;
 	static ibv_mr *mr(const Entry *e) noexcept;
 
 	Policy policy_of(ibv_pd *pd);
@@ -113,16 +117,18 @@ private:
 	void insert(std::unique_ptr<Entry> e, bool index = true);
 	void invalidate(Entry *e, Graveyard &dead);
 	bool drop_if_stale(Entry *e, Graveyard &dead);
-	Entry *take(Entry *e);
+	static bool take_ref(Entry *e, unsigned &holder);
+	Entry *take(Entry *e, unsigned &holder);
 	struct PageIndex;
 	PageIndex *page_index(ibv_pd *pd, unsigned access, bool make);
 	void index_pages(Entry *e, bool on);
-	Entry *indexed(ibv_pd *pd, uintptr_t a, uintptr_t end, unsigned access);
-	Entry *check_hit(Entry *e, ibv_pd *pd, uintptr_t a, uintptr_t end, unsigned access);
+	Entry *indexed(ibv_pd *pd, uintptr_t a, uintptr_t end, unsigned access, unsigned &holder);
+	Entry *check_hit(Entry *e, ibv_pd *pd, uintptr_t a, uintptr_t end, unsigned access,
+			 unsigned &holder);
 	struct Recent;
 	static Recent &recent(uintptr_t a);
 	void remember(Entry *e, ibv_pd *pd, uintptr_t a, unsigned access);
-	Entry *recall(ibv_pd *pd, uintptr_t a, uintptr_t end, unsigned access);
+	Entry *recall(ibv_pd *pd, uintptr_t a, uintptr_t end, unsigned access, unsigned &holder);
 	void evict(Graveyard &dead);
 	size_t process_events_locked(Graveyard &dead);
 	void drain_if_due(uint64_t hits) noexcept;

@@ -1349,12 +1349,18 @@ void double_put()
 	CHECK_RC(rc.load(), 0);
 	CHECK_RC(odpwatch_cache_put(c.c, moved), -EINVAL);
 	CHECK_RC(odpwatch_cache_put(c.c, mine), -EINVAL);
-	// Values that were never handles read nothing outside the library's table.
-	for (uintptr_t bogus : {uintptr_t{0x12345}, ~uintptr_t{0}, uintptr_t{1}}) {
-		auto *r = reinterpret_cast<odpwatch_cache_reg *>(bogus);
-		CHECK_RC(odpwatch_cache_put(c.c, r), -EINVAL);
-		CHECK(odpwatch_cache_reg_mr(r) == nullptr);
-	}
+	// More holders at once than an entry tracks (31): the rest hold
+	// untracked references, which still count, and all go back.
+	std::vector<odpwatch_cache_reg *> many(40);
+	for (auto &r : many)
+		CHECK_RC(odpwatch_cache_get(c.c, p.pd.get(), other.data(), buf_len, local_access,
+					    &r),
+			 0);
+	for (auto *r : many)
+		CHECK_RC(odpwatch_cache_put(c.c, r), 0);
+	CHECK_RC(odpwatch_cache_put(c.c, many.front()), -EINVAL);
+	CHECK_RC(odpwatch_cache_put(c.c, many.back()), -EINVAL);
+	CHECK(c.stats().in_use == 1); // theirs
 	CHECK_RC(odpwatch_cache_flush(c.c), 0);
 	// Theirs is still registered: its bytes go out through it.
 	std::memset(p.dst.data(), 0, buf_len);

@@ -83,8 +83,8 @@ struct odpwatch_cache_stats {
 struct odpwatch_cache;
 /*
  * One get's reference to a cached registration: each get gives a handle of
- * its own, dead after its put (a second put, however late: -EINVAL). Opaque:
- * not a pointer to anything the caller may read.
+ * its own, dead after its put (a second put: -EINVAL, as the man page
+ * says). Opaque: not a pointer to anything the caller may read.
  */
 struct odpwatch_cache_reg;
 
