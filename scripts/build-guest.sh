@@ -40,7 +40,7 @@ rm -f "$ksrc/tools/testing/selftests/mm/local_config.h_gen" "$ksrc/tools/testing
 log "guest: libprovider (C++20)"
 run_with_progress "guest: libprovider" "$OUT/guest/libprovider-build.log" cmake_percent \
 	run sh -c 'cmake -S /odpwatch -B /out/guest/libprovider-build -DCMAKE_INSTALL_PREFIX=/out/guest \
-		-DODPWATCH_KERNEL_HEADERS=/kernel/build/usr/include -DODPWATCH_TESTS=ON >/dev/null &&
+		-DODPWATCH_KERNEL_HEADERS=/kernel/build/usr/include -DODPWATCH_TESTS=ON -DODPWATCH_WERROR=ON >/dev/null &&
 	cmake --build /out/guest/libprovider-build -j'"$(nproc)"' &&
 	cmake --install /out/guest/libprovider-build >/dev/null' ||
 	{ tail -30 "$OUT/guest/libprovider-build.log" >&2; die "libprovider build failed; log: $OUT/guest/libprovider-build.log"; }
@@ -50,7 +50,7 @@ run_with_progress "guest: libprovider" "$OUT/guest/libprovider-build.log" cmake_
 # test_install.py checks its layout and that memwatch says EOPNOTSUPP).
 log "guest: libprovider as a distribution builds it (no odpwatch headers, no tests)"
 run_with_progress "guest: libprovider (distribution)" "$OUT/guest/distro-build.log" cmake_percent \
-	run sh -c 'cmake -S /odpwatch -B /out/guest/distro-build -DCMAKE_INSTALL_PREFIX=/usr >/dev/null &&
+	run sh -c 'cmake -S /odpwatch -B /out/guest/distro-build -DCMAKE_INSTALL_PREFIX=/usr -DODPWATCH_WERROR=ON >/dev/null &&
 	cmake --build /out/guest/distro-build -j'"$(nproc)"' &&
 	rm -rf /out/guest/distro && DESTDIR=/out/guest/distro cmake --install /out/guest/distro-build >/dev/null' ||
 	{ tail -30 "$OUT/guest/distro-build.log" >&2; die "libprovider does not build without the odpwatch headers; log: $OUT/guest/distro-build.log"; }
