@@ -38,51 +38,79 @@ namespace odpwatch
 namespace
 {
 constexpr uintptr_t no_end = std::numeric_limits<uintptr_t>::max();
-// The references of an entry on its way out of the cache, or of a shell:
-// no new reference can be taken (see RegCache::recall()).
-constexpr uint64_t no_refs = std::numeric_limits<uint32_t>::max();
+// An entry's refs word (audit M4: a count alone cannot tell a second put
+// of one get from another holder's put):
+//  - bits 0-23, the count of references; no_refs: the entry is on its way
+//    out of the cache, or a shell, and no new reference can be taken (see
+//    RegCache::recall());
+//  - bits 24-47, which handles of odpwatch_cache_get() hold one: a get sets
+//    its bit and its put clears it in the same compare-exchange as the
+//    count, so a handle costs the hit path nothing; more holders at once
+//    hold untracked references (holder 0), counted only;
+//  - bits 48-63, the life of the entry's memory, moved on when a shell is
+//    reused: a handle carries it, and a put checks it in the same CAS.
+constexpr uint64_t count_mask = (uint64_t{1} << 24) - 1;
+constexpr uint64_t no_refs = count_mask;
+constexpr unsigned holder_shift = 24, holder_bits = 24;
+constexpr uint64_t holder_mask = ((uint64_t{1} << holder_bits) - 1) << holder_shift;
+constexpr unsigned life_shift = 48;
+constexpr uint64_t life_mask = ~uint64_t{0} << life_shift;
+constexpr uint32_t any_life = UINT32_MAX; // a put from inside, of its own reference
 
-// An entry's refs word: the count of references in the low half, and in
-// bits 32-62 which handles of odpwatch_cache_get() hold one (audit M4: a
-// count alone cannot tell a second put of one get from another holder's
-// put). Taken and dropped with the count in one compare-exchange, so a
-// handle costs the hit path nothing. More holders than bits hold untracked
-// references (handle bit 0), counted only.
-constexpr uint64_t count_mask = UINT32_MAX;
-constexpr unsigned holder_bits = 31;
-
-// r with one more reference; *holder: the bit it holds + 1, the first free
-// one from hint on (so that a bit just released is taken last), or 0.
-uint64_t with_ref(uint64_t r, unsigned hint, unsigned &holder)
+uint64_t count_of(uint64_t r)
 {
-	const uint64_t free = ~(r >> 32) & ((uint64_t{1} << holder_bits) - 1);
-	if (!free) {
-		holder = 0;
-		return r + 1;
-	}
-	const uint64_t above = free & (~uint64_t{0} << hint);
-	const unsigned b = unsigned(std::countr_zero(above ? above : free));
-	holder = b + 1;
-	return (r + 1) | uint64_t{1} << (32 + b);
+	return r & count_mask;
 }
 
-// r without the reference of holder, false if it holds none: no reference
-// at all, its bit clear, or (untracked) every reference held by a bit.
-bool without_ref(uint64_t r, unsigned holder, uint64_t &out)
+// r with one more reference; holder: the bit it holds + 1, the first free
+// one from hint on, or 0 (untracked). False when r takes none (no_refs, or
+// a count that would reach it).
+bool with_ref(uint64_t &r, unsigned hint, unsigned &holder)
 {
-	if (!(r & count_mask) || r == no_refs)
+	if (count_of(r) >= no_refs - 1)
 		return false;
-	if (holder) {
-		const uint64_t bit = uint64_t{1} << (32 + holder - 1);
-		if (!(r & bit))
-			return false;
-		r &= ~bit;
-	} else if ((r & count_mask) <= uint64_t(std::popcount(r >> 32))) {
-		return false;
+	const uint64_t free = ~r & holder_mask;
+	holder = 0;
+	if (free) {
+		const uint64_t above = free & (~uint64_t{0} << (holder_shift + hint));
+		const unsigned b = unsigned(std::countr_zero(above ? above : free)) - holder_shift;
+		holder = b + 1;
+		r |= uint64_t{1} << (holder_shift + b);
 	}
-	out = r - 1;
+	r++;
 	return true;
 }
+
+// Whether r holds a reference of holder (of life, unless any_life).
+bool held(uint64_t r, unsigned holder, uint32_t life)
+{
+	if (!count_of(r) || count_of(r) == no_refs || holder > holder_bits)
+		return false;
+	if (life != any_life && (r >> life_shift) != life)
+		return false;
+	if (holder)
+		return (r >> (holder_shift + holder - 1)) & 1;
+	return count_of(r) > uint64_t(std::popcount(r & holder_mask)); // an untracked one
+}
+
+// r without the reference of holder.
+uint64_t without_ref(uint64_t r, unsigned holder)
+{
+	if (holder)
+		r &= ~(uint64_t{1} << (holder_shift + holder - 1));
+	return r - 1;
+}
+
+// r's life with no reference, and with no_refs.
+uint64_t unreferenced(uint64_t r)
+{
+	return r & life_mask;
+}
+uint64_t closed(uint64_t r)
+{
+	return (r & life_mask) | no_refs;
+}
+
 // Tells caches apart in the per-thread index, also one made where a
 // destroyed one was.
 std::atomic<uint64_t> cache_ids{0};
@@ -152,12 +180,11 @@ struct alignas(64) RegCache::Entry {
 	Policy policy;
 	verbs::Mr mr;
 	std::optional<Memwatch::Watch> watch;
-	std::atomic<uint64_t> refs{0};	      // see with_ref()
-	std::atomic<uint8_t> next_holder{0};  // a hint: the bit to try first
-	std::atomic<uint16_t> incarnation{0}; // lives of this memory, for handles
-	std::atomic<bool> used{false};	      // hit since eviction last looked
-	std::atomic<bool> retired{false};     // out of the map, freed at the last put
-	bool indexed = false;		      // in the page index (exclusive lock)
+	std::atomic<uint64_t> refs{0};	     // see count_mask
+	std::atomic<uint8_t> next_holder{0}; // a hint: the bit to try first
+	std::atomic<bool> used{false};	     // hit since eviction last looked
+	std::atomic<bool> retired{false};    // out of the map, freed at the last put
+	bool indexed = false;		     // in the page index (exclusive lock)
 	std::list<Entry *>::iterator lru_pos;
 	// What it pins: an implicit ODP MR covers everything and pins nothing.
 	uint64_t bytes() const { return policy == Policy::ImplicitOdp ? 0 : key.end - key.start; }
@@ -194,17 +221,14 @@ ibv_mr *RegCache::mr(const Entry *e) noexcept
 	return e->mr.get();
 }
 
-bool RegCache::holds(const Entry *e, unsigned holder) noexcept
+bool RegCache::holds(const Entry *e, unsigned holder, uint32_t life) noexcept
 {
-	const uint64_t refs = e->refs.load(std::memory_order_relaxed);
-	if (refs == no_refs || !(refs & count_mask))
-		return false;
-	return holder ? (refs >> (32 + holder - 1)) & 1 : true;
+	return held(e->refs.load(std::memory_order_relaxed), holder, life);
 }
 
-uint16_t RegCache::incarnation(const Entry *e) noexcept
+uint32_t RegCache::life(const Entry *e) noexcept
 {
-	return e->incarnation.load(std::memory_order_relaxed);
+	return uint32_t(e->refs.load(std::memory_order_relaxed) >> life_shift);
 }
 
 bool RegCache::fresh(const Entry *e) const noexcept
@@ -388,14 +412,14 @@ std::unique_ptr<RegCache::Entry> RegCache::register_range(const Key &k, Policy p
 			const uint64_t stale = invalidations_.load();
 			std::vector<Entry *> victims;
 			for (Entry *e : overlapping(k, dead)) // drops the stale ones itself
-				if (round == 0 && e->refs.load() == 0)
+				if (round == 0 && !count_of(e->refs.load()))
 					victims.push_back(e);
 			// Referenced entries never go.
 			if (round == 0 && victims.empty() && invalidations_.load() == stale)
 				round = 1;
 			if (round == 1)
 				for (Entry *e : lru_)
-					if (e->refs.load() == 0)
+					if (!count_of(e->refs.load()))
 						victims.push_back(e);
 			for (Entry *e : victims) {
 				invalidate(e, dead);
@@ -412,7 +436,8 @@ std::unique_ptr<RegCache::Entry> RegCache::register_range(const Key &k, Policy p
 // the page index too if @index.
 void RegCache::insert(std::unique_ptr<Entry> e, bool index)
 {
-	e->refs = 1 | uint64_t{1} << 32; // the get's, holder 1
+	e->refs = unreferenced(e->refs.load()) | uint64_t{1} << holder_shift |
+		  1; // the get's, holder 1
 	e->next_holder.store(1, std::memory_order_relaxed);
 	if (e->watch)
 		by_watch_.emplace(e->watch->id, e.get());
@@ -458,8 +483,8 @@ RegCache::Entry *RegCache::take_shell()
 		std::lock_guard lock(shells_mu_);
 		if (Entry *e = shells_) {
 			shells_ = e->next_shell;
-			e->refs = no_refs; // until insert(): see recall()
-			e->incarnation.fetch_add(1, std::memory_order_relaxed);
+			// A new life, closed until insert(): see recall().
+			e->refs = closed(e->refs.load() + (uint64_t{1} << life_shift));
 			e->used = false;
 			e->retired = false;
 			e->indexed = false;
@@ -578,8 +603,8 @@ void RegCache::invalidate(Entry *e, Graveyard &dead)
 	// Marked before refs is read: a put() that takes refs to 0 after this
 	// read sees the mark and frees the entry (put() takes no lock).
 	e->retired = true;
-	uint64_t unused = 0;
-	if (e->refs.compare_exchange_strong(unused, no_refs))
+	uint64_t unused = unreferenced(e->refs.load());
+	if (e->refs.compare_exchange_strong(unused, closed(unused)))
 		dead.add(std::move(owned));
 	else
 		retired_.emplace(e, std::move(owned));
@@ -598,7 +623,7 @@ void RegCache::evict(Graveyard &dead)
 	};
 	for (size_t budget = 2 * lru_.size(); over() && budget; budget--) {
 		Entry *e = lru_.front();
-		if (e->refs.load() || e->used.exchange(false)) {
+		if (count_of(e->refs.load()) || e->used.exchange(false)) {
 			lru_.splice(lru_.end(), lru_, lru_.begin());
 			continue;
 		}
@@ -626,9 +651,9 @@ bool RegCache::take_ref(Entry *e, unsigned &holder)
 	const unsigned hint = e->next_holder.load(std::memory_order_relaxed);
 	uint64_t refs = e->refs.load(), more;
 	do {
-		if (refs == no_refs)
+		more = refs;
+		if (!with_ref(more, hint, holder))
 			return false;
-		more = with_ref(refs, hint, holder);
 	} while (!e->refs.compare_exchange_weak(refs, more));
 	if (holder)
 		e->next_holder.store(uint8_t(holder % holder_bits), std::memory_order_relaxed);
@@ -638,7 +663,8 @@ bool RegCache::take_ref(Entry *e, unsigned &holder)
 // A hit: a reference and a use, under either lock.
 RegCache::Entry *RegCache::take(Entry *e, unsigned &holder)
 {
-	take_ref(e, holder);			      // an entry in the map never has no_refs
+	if (!take_ref(e, holder)) // never no_refs in the map: 16M references
+		throw verbs::Error("odpwatch_cache_get: references of one registration", EOVERFLOW);
 	if (!e->used.load(std::memory_order_relaxed)) // no store on a hot entry
 		e->used.store(true, std::memory_order_relaxed);
 	hits_++;
@@ -850,7 +876,7 @@ RegCache::Entry *RegCache::check_hit(Entry *e, ibv_pd *pd, uintptr_t a, uintptr_
 		ok = (a & ~(page - 1)) == k.start && ((end + page - 1) & ~(page - 1)) == k.end;
 	}
 	if (!ok || !fresh(e)) {
-		put(e, holder);
+		put(e, holder, any_life);
 		return nullptr;
 	}
 	if (!e->used.load(std::memory_order_relaxed))
@@ -1135,23 +1161,26 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 // send this put to the exclusive section for nothing. That section is taken
 // only when the last reference goes from a stale entry, or while the cache
 // is over its limits.
-bool RegCache::put(Entry *e, unsigned holder)
+bool RegCache::put(Entry *e, unsigned holder, uint32_t life)
 {
 	if (e->owner != this) // another cache's registration
 		return false;
-	uint64_t refs = e->refs.load(), less;
+	uint64_t refs = e->refs.load();
 	do {
-		if (!without_ref(refs, holder, less))
+		if (!held(refs, holder, life))
 			return false;
-	} while (!e->refs.compare_exchange_weak(refs, less));
-	if ((refs & count_mask) != 1 || !(e->retired.load() || over_limit_.load()))
+	} while (!e->refs.compare_exchange_weak(refs, without_ref(refs, holder)));
+	// A bit just put is taken last.
+	if (holder && e->next_holder.load(std::memory_order_relaxed) == holder - 1)
+		e->next_holder.store(uint8_t(holder % holder_bits), std::memory_order_relaxed);
+	if (count_of(refs) != 1 || !(e->retired.load() || over_limit_.load()))
 		return true;
 
 	Graveyard dead(*this);
 	std::unique_lock lock(mu_);
 	if (auto it = retired_.find(e); it != retired_.end()) {
-		uint64_t unused = 0;
-		if (e->refs.compare_exchange_strong(unused, no_refs)) {
+		uint64_t unused = unreferenced(e->refs.load());
+		if (e->refs.compare_exchange_strong(unused, closed(unused))) {
 			dead.add(std::move(it->second));
 			retired_.erase(it);
 		}
@@ -1179,7 +1208,7 @@ odpwatch_cache_stats RegCache::stats() const
 	s.max_bytes = limits_.max_bytes;
 	s.merges = merged_;
 	for (auto &[k, e] : entries_)
-		s.in_use += e->refs.load() != 0;
+		s.in_use += count_of(e->refs.load()) != 0;
 	s.in_use += retired_.size();
 	return s;
 }
@@ -1219,36 +1248,35 @@ static_assert(sizeof(odpwatch_cache_attr) == 56 &&
 	      offsetof(odpwatch_cache_attr, rc_odp_needs) == 24);
 
 // What odpwatch_cache_get() hands out (audit M4): the entry's address, the
-// bit of its refs word the get holds in the low bits (entries are aligned
-// to 64), and on a 64-bit system the entry memory's life in the top 16 bits
-// (user addresses have 47), so that a handle of an entry destroyed since,
-// whose memory now serves another, is refused too.
-constexpr uintptr_t holder_mask = 63;
-constexpr unsigned life_shift = sizeof(uintptr_t) == 8 ? 48 : 0;
+// holder bit of its refs word the get holds + 1 in the low bits (entries
+// are aligned to 64) and, on a 64-bit system, the entry memory's life in
+// the top 16 bits (user addresses have 47): a put checks both in one
+// compare-exchange, so a handle of an entry destroyed since, whose memory
+// now serves another, is refused too.
+constexpr uintptr_t holder_of_handle = 63;
+constexpr unsigned handle_life_shift = sizeof(uintptr_t) == 8 ? 48 : 0;
 constexpr uintptr_t address_mask =
-	(life_shift ? (uintptr_t{1} << life_shift) - 1 : ~uintptr_t{0}) & ~holder_mask;
-static_assert(alignof(RegCache::Entry) > 31); // holder bits + 1
+	(handle_life_shift ? (uintptr_t{1} << handle_life_shift) - 1 : ~uintptr_t{0}) &
+	~holder_of_handle;
+static_assert(alignof(RegCache::Entry) > 24 + 1); // holder bits + 1
 
 odpwatch_cache_reg *handle_of(RegCache::Entry *e, unsigned holder) noexcept
 {
 	uintptr_t h = reinterpret_cast<uintptr_t>(e) | holder;
-	if constexpr (life_shift)
-		h |= uintptr_t{RegCache::incarnation(e)} << life_shift;
+	if constexpr (handle_life_shift != 0)
+		h |= uintptr_t{RegCache::life(e)} << handle_life_shift;
 	return reinterpret_cast<odpwatch_cache_reg *>(h);
 }
 
-// The entry a handle names, if it is of the entry's present life.
-RegCache::Entry *entry_of(const odpwatch_cache_reg *reg, unsigned &holder) noexcept
+// The entry a handle names, its holder and life (any on a 32-bit system).
+RegCache::Entry *entry_of(const odpwatch_cache_reg *reg, unsigned &holder, uint32_t &life) noexcept
 {
 	const auto h = reinterpret_cast<uintptr_t>(reg);
-	auto *e = reinterpret_cast<RegCache::Entry *>(h & address_mask);
-	holder = unsigned(h & holder_mask);
-	if (!e)
-		return nullptr;
-	if constexpr (life_shift)
-		if (h >> life_shift != RegCache::incarnation(e))
-			return nullptr;
-	return e;
+	holder = unsigned(h & holder_of_handle);
+	life = UINT32_MAX;
+	if constexpr (handle_life_shift != 0)
+		life = uint32_t(h >> handle_life_shift);
+	return reinterpret_cast<RegCache::Entry *>(h & address_mask);
 }
 
 bool attr_valid(const odpwatch_cache_attr *attr)
@@ -1311,20 +1339,25 @@ int odpwatch_cache_get(struct odpwatch_cache *cache, struct ibv_pd *pd, void *ad
 
 int odpwatch_cache_put(struct odpwatch_cache *cache, struct odpwatch_cache_reg *reg)
 {
+	if (!cache)
+		return -EINVAL;
 	unsigned holder = 0;
-	RegCache::Entry *e = entry_of(reg, holder);
-	if (!cache || !e)
+	uint32_t life = 0;
+	RegCache::Entry *e = entry_of(reg, holder, life);
+	if (!e)
 		return -EINVAL;
 	if (foreign(cache))
 		return -EPERM;
-	return odpwatch::c_abi_guarded([&] { return cache->cache.put(e, holder) ? 0 : -EINVAL; });
+	return odpwatch::c_abi_guarded(
+		[&] { return cache->cache.put(e, holder, life) ? 0 : -EINVAL; });
 }
 
 struct ibv_mr *odpwatch_cache_reg_mr(const struct odpwatch_cache_reg *reg)
 {
 	unsigned holder = 0;
-	const RegCache::Entry *e = entry_of(reg, holder);
-	return e && RegCache::holds(e, holder) ? RegCache::mr(e) : nullptr;
+	uint32_t life = 0;
+	const RegCache::Entry *e = entry_of(reg, holder, life);
+	return e && RegCache::holds(e, holder, life) ? RegCache::mr(e) : nullptr;
 }
 
 int odpwatch_cache_policy_of(struct odpwatch_cache *cache, struct ibv_pd *pd)

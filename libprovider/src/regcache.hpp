@@ -57,11 +57,13 @@ public:
 	// a reference taken for holder (see with_ref() in regcache.cpp).
 	// Throws verbs::Error.
 	Entry *get(ibv_pd *pd, const void *addr, size_t len, unsigned access, unsigned &holder);
-	// Drops holder's reference; false if it holds none of this cache's e.
-	bool put(Entry *e, unsigned holder);
-	// Whether holder holds a reference to e, and e's life (for handles).
-	static bool holds(const Entry *e, unsigned holder) noexcept;
-	static uint16_t incarnation(const Entry *e) noexcept;
+	// Drops holder's reference (of e's life, if not UINT32_MAX); false if
+	// it holds none of this cache's e.
+	bool put(Entry *e, unsigned holder, uint32_t life);
+	// Whether holder holds a reference to e in its life; e's life (for
+	// handles).
+	static bool holds(const Entry *e, unsigned holder, uint32_t life) noexcept;
+	static uint32_t life(const Entry *e) noexcept;
 	static ibv_mr *mr(const Entry *e) noexcept;
 
 	Policy policy_of(ibv_pd *pd);

@@ -1349,13 +1349,23 @@ void double_put()
 	CHECK_RC(rc.load(), 0);
 	CHECK_RC(odpwatch_cache_put(c.c, moved), -EINVAL);
 	CHECK_RC(odpwatch_cache_put(c.c, mine), -EINVAL);
-	// More holders at once than an entry tracks (31): the rest hold
-	// untracked references, which still count, and all go back.
+	// More holders at once than an entry tracks (24): the rest hold
+	// untracked references, which still count, and all go back. The first
+	// get is a miss whose entry takes the memory and the holder bit of
+	// moved's, evicted at its put (1-entry limit): moved is of another life.
 	std::vector<odpwatch_cache_reg *> many(40);
-	for (auto &r : many)
+	for (auto &r : many) {
 		CHECK_RC(odpwatch_cache_get(c.c, p.pd.get(), other.data(), buf_len, local_access,
 					    &r),
 			 0);
+		if (&r == &many.front()) {
+			CHECK((reinterpret_cast<uintptr_t>(r) & 0xffff'ffff'ffff) ==
+			      (reinterpret_cast<uintptr_t>(moved) & 0xffff'ffff'ffff));
+			CHECK_RC(odpwatch_cache_put(c.c, moved), -EINVAL);
+			CHECK(odpwatch_cache_reg_mr(moved) == nullptr);
+			CHECK(odpwatch_cache_reg_mr(r) != nullptr);
+		}
+	}
 	for (auto *r : many)
 		CHECK_RC(odpwatch_cache_put(c.c, r), 0);
 	CHECK_RC(odpwatch_cache_put(c.c, many.front()), -EINVAL);
