@@ -354,7 +354,7 @@ def stock_floor(stock, path):
 
 
 SUITES = ("selftests", "upstream-kselftests", "pyverbs-tests", "rdma-core", "rdma-core-vs-stock", "cluster", "middleware",
-          "examples", "kernel-ulps", "rdma-fixes")
+          "examples", "kernel-ulps", "rdma-fixes", "upstream-vs-vanilla")
 
 
 def parse_cluster(d, name="cluster"):
@@ -422,6 +422,45 @@ def parse_fixes(d):
     return tests
 
 
+def parse_vs_vanilla(d):
+    """The base kernel's own kselftests (configs/upstream-kselftests.list)
+    booted on the vanilla base and on ours (make check-series,
+    DIR/upstream-vs-vanilla/{vanilla,ours}/): one test per test that passed
+    on vanilla, which must pass on ours too. A run that did not meet its
+    plan fails as well (parse_ktap names what is missing)."""
+    runs = {}
+    for kind in ("vanilla", "ours"):
+        t = parse_ktap(d / kind / "upstream-kselftests.ktap")
+        if t is None:
+            return [failed(f"upstream-vs-vanilla: {kind}", f"no results: the {kind} kernel did not run them")]
+        runs[kind] = t
+        count = {k: sum(1 for x in t if x["outcome"] == k) for k in ("passed", "failed", "skipped")}
+        print(f"upstream-vs-vanilla: on {kind}: {count['passed']} passed, {count['failed']} failed, "
+              f"{count['skipped']} skipped")
+    # Some cases print what they measured in their name (pagemap_ioctl's
+    # "Extra pages 53 (0.1%)"): names are matched with their numbers
+    # masked, each of ours used once.
+    def key(name):
+        return re.sub(r"\d+", "#", name)
+    ours = {}
+    for t in runs["ours"]:
+        ours.setdefault(key(t["name"]), []).append(t["outcome"])
+    tests = []
+    for t in runs["vanilla"]:
+        if t["outcome"] == "passed":
+            mine = ours.get(key(t["name"]), [])
+            got = "passed" if "passed" in mine else mine[0] if mine else "not run"
+            if got == "passed":
+                mine.remove("passed")
+            tests.append({"name": f"{t['name']} (vanilla: passed)", "outcome": "passed" if got == "passed" else "failed",
+                          **({} if got == "passed" else {"reason": f"passed on vanilla, {got} on ours"})})
+    # A runner that did not finish, on either kernel, shortens the comparison.
+    for kind, t in runs.items():
+        tests += [dict(x, name=f"{kind}: {x['name']}") for x in t
+                  if x["outcome"] == "failed" and x["name"].startswith("upstream-kselftests.ktap:")]
+    return tests
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("dir")
@@ -442,7 +481,8 @@ def main():
     # The two-guest suites' consoles are scanned for splats too.
     # So is the kernel with the rdma fixes (not vanilla's: its bugs may splat).
     for c in sorted(d.glob("cluster/node*/console.log")) + sorted(d.glob("middleware/node*/console.log")) + \
-            sorted(d.glob("kernel-ulps/node*/console.log")) + sorted(d.glob("rdma-fixes/fixes/console.log")):
+            sorted(d.glob("kernel-ulps/node*/console.log")) + sorted(d.glob("rdma-fixes/fixes/console.log")) + \
+            sorted(d.glob("upstream-vs-vanilla/ours/console.log")):
         console += "\n" + c.read_text(errors="replace").replace("\r", "")
     m = re.search(r"odpwatch: kernel ([^\s,]+)", console)
     results["kernel"] = m[1] if m else None
@@ -455,7 +495,8 @@ def main():
               "middleware": parse_cluster(d / "middleware", "middleware"),
               "examples": parse_cluster(d / "middleware", "examples"),
               "kernel-ulps": parse_cluster(d / "kernel-ulps", "kernel-ulps"),
-              "rdma-fixes": parse_fixes(d / "rdma-fixes")}
+              "rdma-fixes": parse_fixes(d / "rdma-fixes"),
+              "upstream-vs-vanilla": parse_vs_vanilla(d / "upstream-vs-vanilla")}
     stock = parse_modules(d, "rdma-core-stock")
     # A stock module that did not run is a failure of the comparison.
     suites["rdma-core-vs-stock"] = compare_with_stock(suites["rdma-core"] or [], stock or []) + \

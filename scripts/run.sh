@@ -30,6 +30,7 @@ fi
 declare -A budget=([host]=300 [materialise]=240 [kernel-std]=900 [kernel-debug]=1200
 	[series]=150 [series-fixes]=1500 [lint]=120 [i386]=120 [rootfs]=300 [rdma-core]=360 [userspace]=300 [libfabric]=600
 	[guest-check-std]=2200 [guest-check-debug]=1800 [cluster]=600 [middleware]=1500 [kernel-ulps]=600 [rdma-fixes]=240
+	[upstream-vs-vanilla]=600
 	[bench-wire]=2400)
 budgeted() { STAGE_BUDGET=${budget[$1]:-} stage "${@:2}"; }
 # A stage on the two-guest cluster, in $OUT/$dir/SUB: node 0 runs CMD0, node 1 CMD1.
@@ -165,6 +166,17 @@ if [ "$job" = check-series ]; then
 		budgeted rdma-fixes "rdma fixes: the fix_* tests on the $kind kernel" env TIMEOUT=600 \
 			"$TOP/scripts/run-vm.sh" vm "$dir/rdma-fixes/$kind" "$OUT/rdma-fixes/$kind.bzImage" "$rootfs" || true
 	done
+	# The base's own kselftests (configs/upstream-kselftests.list) on the
+	# vanilla base and on ours: a test that passes on vanilla must pass on ours.
+	for kind in vanilla ours; do
+		mkdir -p "$OUT/$dir/upstream-vs-vanilla/$kind"
+		printf '%s\n' "/odpwatch/scripts/guest/run-upstream-kselftests.sh /odpwatch/configs/upstream-kselftests.list \
+/out/$dir/upstream-vs-vanilla/$kind/upstream-kselftests.ktap" >"$OUT/$dir/upstream-vs-vanilla/$kind/cmd.sh"
+		image=$kernel
+		[ "$kind" = ours ] || image=$OUT/rdma-fixes/vanilla.bzImage
+		budgeted upstream-vs-vanilla "the base's kselftests on the $kind kernel" env TIMEOUT=1500 \
+			"$TOP/scripts/run-vm.sh" vm "$dir/upstream-vs-vanilla/$kind" "$image" "$rootfs" || true
+	done
 elif [ "$job" = cluster ]; then
 	budgeted "cluster" "boot two guests on a wire, run a command on each" "$TOP/scripts/run-cluster.sh" "$dir" "$kernel" "$rootfs" || vmrc=$?
 else
@@ -234,7 +246,7 @@ check)
 	log "results: $OUT/$dir/results.json"
 	;;
 check-series)
-	stage "results" python3 "$TOP/scripts/collect-results.py" "$OUT/$dir" --suites rdma-fixes || rc=1
+	stage "results" python3 "$TOP/scripts/collect-results.py" "$OUT/$dir" --suites rdma-fixes,upstream-vs-vanilla || rc=1
 	log "results: $OUT/$dir/results.json"
 	;;
 demo) echo; cat "$OUT/$dir/output" 2>/dev/null ;;

@@ -293,6 +293,11 @@ class Parsers(unittest.TestCase):
             marker = self.A_REPRODUCED if kind == "vanilla" else ""
             self.write(f"rdma-fixes/{kind}/fix.tap", f"TAP version 13\n1..1\n{marker}{res} 1 odp.fix_a\n")
             self.write(f"rdma-fixes/{kind}/plan", "fix_a\n")
+        # The base's kselftests on vanilla and on ours (make check-series).
+        for kind in ("vanilla", "ours"):
+            (d / f"upstream-vs-vanilla/{kind}").mkdir(parents=True, exist_ok=True)
+            self.write(f"upstream-vs-vanilla/{kind}/upstream-kselftests.ktap",
+                       "1..1\n# selftests: mm: gup\n# 1..1\n# ok 1 D\nok 1 selftests: mm: gup\n")
         self.write("selftests.ktap", "1..1\n# selftests: a: b\n# ok 1 t\nok 1 selftests: a: b\n")
         self.write("upstream-kselftests.ktap",
                    "1..1\n# selftests: mm: cow\n# ok 1 COW\nok 1 selftests: mm: cow\n")
@@ -333,7 +338,7 @@ class Parsers(unittest.TestCase):
             rc, out, res = self.run_main("odpwatch: kernel k\n", skips=listed)
             self.assertEqual(rc, 1, out)
             self.assertEqual(res["unexpected_skips"], 1)
-            self.assertEqual((res["passed"], res["failed"], res["skipped"]), (10, 1, 1))
+            self.assertEqual((res["passed"], res["failed"], res["skipped"]), (11, 1, 1))
             self.assertIn("not on the expected-skips list", out)
 
     def test_main_clean_console_passes(self):
@@ -343,10 +348,10 @@ class Parsers(unittest.TestCase):
         rc, out, res = self.run_main(benign)
         self.assertEqual(rc, 0, out)
         self.assertEqual(res["kernel"], "7.3.4-odpwatch")
-        # Eight distinct tests pass: the comparison with Debian's rdma-core
+        # Eleven distinct tests pass: the comparison with Debian's rdma-core
         # checks test_a of the rdma-core suite and is not counted again.
-        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (10, 0, 2))
-        self.assertEqual(out.splitlines()[-1], "10 passed, 0 failed, 2 skipped")
+        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (11, 0, 2))
+        self.assertEqual(out.splitlines()[-1], "11 passed, 0 failed, 2 skipped")
 
     def test_stock_comparison(self):
         # A test Debian's rdma-core passed must pass with ours; one it skipped
@@ -360,7 +365,7 @@ class Parsers(unittest.TestCase):
         self.assertEqual((vs["passed"], vs["failed"], vs["skipped"]), (1, 1, 0))
         # In the totals test_b is one failed test (not run with ours), test_a
         # one passed test, counted once though two suites name it.
-        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (10, 1, 2))
+        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (11, 1, 2))
         self.assertIn("passed with Debian's rdma-core, not run with ours", out)
         # No stock run at all is a failure, not a pass...
         rc, out, res = self.run_main("odpwatch: kernel k\n", "")
@@ -372,6 +377,36 @@ class Parsers(unittest.TestCase):
         self.assertEqual(rc, 0, out)
         self.assertNotIn("rdma-core-vs-stock", res["suites"])
         self.assertIn("rdma-core-vs-stock: not run on this kernel variant", out)
+
+    def test_upstream_kselftests_against_vanilla(self):
+        # A test that passed on vanilla must pass on ours; one that failed
+        # or skipped on vanilla is not compared; a runner that did not
+        # finish on either kernel fails.
+        d = Path(self.dir.name) / "upstream-vs-vanilla"
+        run = ("1..2\n# selftests: mm: cow\n# 1..3\n# ok 1 A 0 extra\n# ok 2 B\n# not ok 3 C\n"
+               "not ok 1 selftests: mm: cow\n# selftests: mm: gup\n# 1..1\n# ok 1 D\n"
+               "ok 2 selftests: mm: gup\n")
+        for kind, text in (("vanilla", run), ("ours", run.replace("# ok 2 B", "# not ok 2 B")
+                                              .replace("A 0 extra", "A 7 extra"))):
+            (d / kind).mkdir(parents=True, exist_ok=True)
+            (d / kind / "upstream-kselftests.ktap").write_text(text)
+        out = io.StringIO()
+        with redirect_stdout(out):
+            tests = cr.parse_vs_vanilla(d)
+        # (A names a number it measured: 0 on vanilla, 7 on ours.)
+        self.assertEqual(outcomes(tests), {"mm/cow:A 0 extra (vanilla: passed)": "passed",
+                                           "mm/cow:B (vanilla: passed)": "failed",
+                                           "mm/gup:D (vanilla: passed)": "passed"})
+        self.assertIn("on vanilla: 3 passed, 1 failed, 0 skipped", out.getvalue())
+        # Ours stopped after the first binary: gup's case is not run there.
+        (d / "ours" / "upstream-kselftests.ktap").write_text(run.split("# selftests: mm: gup")[0])
+        with redirect_stdout(io.StringIO()):
+            tests = cr.parse_vs_vanilla(d)
+        got = outcomes(tests)
+        self.assertEqual(got["mm/gup:D (vanilla: passed)"], "failed")
+        self.assertEqual(got["ours: upstream-kselftests.ktap: plan"], "failed")
+        (d / "vanilla" / "upstream-kselftests.ktap").unlink()
+        self.assertEqual(outcomes(cr.parse_vs_vanilla(d)), {"upstream-vs-vanilla: vanilla": "failed"})
 
     def test_stock_floor(self):
         # Debian's rdma-core passing fewer tests of a module than its floor
