@@ -422,42 +422,70 @@ def parse_fixes(d):
     return tests
 
 
-def parse_vs_vanilla(d):
+BINARY_VERDICT = re.compile(r"^(ok|not ok) \d+ selftests: (\S+): (\S+)(?: # (\w+))?", re.M)
+
+
+def parse_vs_vanilla(d, floor=None):
     """The base kernel's own kselftests (configs/upstream-kselftests.list)
     booted on the vanilla base and on ours (make check-series,
-    DIR/upstream-vs-vanilla/{vanilla,ours}/): one test per test that passed
-    on vanilla, which must pass on ours too. A run that did not meet its
-    plan fails as well (parse_ktap names what is missing)."""
-    runs = {}
+    DIR/upstream-vs-vanilla/{vanilla,ours}/): one test per case that passed
+    on vanilla, and per binary the runner passed there (the rdma scripts
+    print no cases), which must pass on ours too; trouble ours reports for
+    a binary (a short plan, a red mark in its output) that vanilla's run of
+    it did not; a runner that did not finish on either kernel; and fewer
+    cases passed on vanilla than FLOOR (a vanilla run that degrades would
+    shrink the comparison)."""
+    runs, verdicts = {}, {}
     for kind in ("vanilla", "ours"):
-        t = parse_ktap(d / kind / "upstream-kselftests.ktap")
+        path = d / kind / "upstream-kselftests.ktap"
+        t = parse_ktap(path)
         if t is None:
             return [failed(f"upstream-vs-vanilla: {kind}", f"no results: the {kind} kernel did not run them")]
         runs[kind] = t
+        verdicts[kind] = {f"{m[2]}/{m[3]}": "skipped" if m[4] == "SKIP" else "passed" if m[1] == "ok" else "failed"
+                          for m in BINARY_VERDICT.finditer(path.read_text(errors="replace"))}
         count = {k: sum(1 for x in t if x["outcome"] == k) for k in ("passed", "failed", "skipped")}
         print(f"upstream-vs-vanilla: on {kind}: {count['passed']} passed, {count['failed']} failed, "
               f"{count['skipped']} skipped")
     # Some cases print what they measured in their name (pagemap_ioctl's
-    # "Extra pages 53 (0.1%)"): names are matched with their numbers
-    # masked, each of ours used once.
+    # "Extra pages 53 (0.1%)"): a name ours does not have is matched with
+    # its numbers masked; each of ours is used once.
     def key(name):
         return re.sub(r"\d+", "#", name)
-    ours = {}
+    exact, masked = {}, {}
     for t in runs["ours"]:
-        ours.setdefault(key(t["name"]), []).append(t["outcome"])
-    tests = []
-    for t in runs["vanilla"]:
-        if t["outcome"] == "passed":
-            mine = ours.get(key(t["name"]), [])
-            got = "passed" if "passed" in mine else mine[0] if mine else "not run"
-            if got == "passed":
-                mine.remove("passed")
-            tests.append({"name": f"{t['name']} (vanilla: passed)", "outcome": "passed" if got == "passed" else "failed",
-                          **({} if got == "passed" else {"reason": f"passed on vanilla, {got} on ours"})})
+        exact.setdefault(t["name"], []).append(t)
+        masked.setdefault(key(t["name"]), []).append(t)
+
+    def take(name):
+        mine = exact.get(name) or masked.get(key(name), [])
+        for t in mine:
+            if not t.get("used") and t["outcome"] == "passed":
+                t["used"] = True
+                return "passed"
+        return mine[0]["outcome"] if mine else "not run"
+
+    def compared(name, got, what="vanilla: passed"):
+        return {"name": f"{name} ({what})", "outcome": "passed" if got == "passed" else "failed",
+                **({} if got == "passed" else {"reason": f"passed on vanilla, {got} on ours"})}
+
+    tests = [compared(t["name"], take(t["name"])) for t in runs["vanilla"] if t["outcome"] == "passed"]
+    for binary, v in sorted(verdicts["vanilla"].items()):
+        if v == "passed":
+            tests.append(compared(binary, verdicts["ours"].get(binary, "not run"), "the binary, vanilla: passed"))
+    theirs = {t["name"] for t in runs["vanilla"]}
+    tests += [dict(t, name=f"ours: {t['name']}") for t in runs["ours"] if t["outcome"] == "failed" and
+              t["name"].endswith((": plan", ": output")) and t["name"] not in theirs]
     # A runner that did not finish, on either kernel, shortens the comparison.
     for kind, t in runs.items():
         tests += [dict(x, name=f"{kind}: {x['name']}") for x in t
                   if x["outcome"] == "failed" and x["name"].startswith("upstream-kselftests.ktap:")]
+    if floor is not None:
+        n = sum(1 for t in runs["vanilla"] if t["outcome"] == "passed")
+        print(f"upstream-vs-vanilla: vanilla passed {n} cases (floor {floor})")
+        if n < floor:
+            tests.append(failed("upstream-vs-vanilla: vanilla floor",
+                                f"vanilla passed {n} cases, fewer than the floor of {floor}: the comparison shrank"))
     return tests
 
 
@@ -469,6 +497,8 @@ def main():
     ap.add_argument("--suites", default=",".join(SUITES),
                     help="the suites this kernel variant runs, comma-separated; each must leave results")
     ap.add_argument("--stock-floor", help="per module, the fewest tests Debian's rdma-core must pass")
+    ap.add_argument("--vanilla-floor", type=int,
+                    help="the fewest kselftest cases the vanilla base must pass (upstream-vs-vanilla)")
     args = ap.parse_args()
     wanted = args.suites.split(",")
     unknown = set(wanted) - set(SUITES)
@@ -496,7 +526,7 @@ def main():
               "examples": parse_cluster(d / "middleware", "examples"),
               "kernel-ulps": parse_cluster(d / "kernel-ulps", "kernel-ulps"),
               "rdma-fixes": parse_fixes(d / "rdma-fixes"),
-              "upstream-vs-vanilla": parse_vs_vanilla(d / "upstream-vs-vanilla")}
+              "upstream-vs-vanilla": parse_vs_vanilla(d / "upstream-vs-vanilla", args.vanilla_floor)}
     stock = parse_modules(d, "rdma-core-stock")
     # A stock module that did not run is a failure of the comparison.
     suites["rdma-core-vs-stock"] = compare_with_stock(suites["rdma-core"] or [], stock or []) + \

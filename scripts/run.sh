@@ -246,7 +246,8 @@ check)
 	log "results: $OUT/$dir/results.json"
 	;;
 check-series)
-	stage "results" python3 "$TOP/scripts/collect-results.py" "$OUT/$dir" --suites rdma-fixes,upstream-vs-vanilla || rc=1
+	stage "results" python3 "$TOP/scripts/collect-results.py" "$OUT/$dir" --suites rdma-fixes,upstream-vs-vanilla \
+		--vanilla-floor "$(grep -v '^#' "$TOP/configs/upstream-kselftests-vanilla-floor.txt")" || rc=1
 	log "results: $OUT/$dir/results.json"
 	;;
 demo) echo; cat "$OUT/$dir/output" 2>/dev/null ;;

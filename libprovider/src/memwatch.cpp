@@ -19,6 +19,9 @@
 #if defined(__NR_memwatch_create) && ODPWATCH_NR_MEMWATCH_CREATE >= 0
 static_assert(__NR_memwatch_create == ODPWATCH_NR_MEMWATCH_CREATE,
 	      "the C library and the odpwatch kernel headers disagree");
+#elif defined(__NR_memwatch_create) // the C library knows it: take its number
+#undef ODPWATCH_NR_MEMWATCH_CREATE
+#define ODPWATCH_NR_MEMWATCH_CREATE __NR_memwatch_create
 #endif
 
 namespace odpwatch

@@ -338,7 +338,7 @@ class Parsers(unittest.TestCase):
             rc, out, res = self.run_main("odpwatch: kernel k\n", skips=listed)
             self.assertEqual(rc, 1, out)
             self.assertEqual(res["unexpected_skips"], 1)
-            self.assertEqual((res["passed"], res["failed"], res["skipped"]), (11, 1, 1))
+            self.assertEqual((res["passed"], res["failed"], res["skipped"]), (12, 1, 1))
             self.assertIn("not on the expected-skips list", out)
 
     def test_main_clean_console_passes(self):
@@ -348,10 +348,10 @@ class Parsers(unittest.TestCase):
         rc, out, res = self.run_main(benign)
         self.assertEqual(rc, 0, out)
         self.assertEqual(res["kernel"], "7.3.4-odpwatch")
-        # Eleven distinct tests pass: the comparison with Debian's rdma-core
+        # Twelve distinct tests pass: the comparison with Debian's rdma-core
         # checks test_a of the rdma-core suite and is not counted again.
-        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (11, 0, 2))
-        self.assertEqual(out.splitlines()[-1], "11 passed, 0 failed, 2 skipped")
+        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (12, 0, 2))
+        self.assertEqual(out.splitlines()[-1], "12 passed, 0 failed, 2 skipped")
 
     def test_stock_comparison(self):
         # A test Debian's rdma-core passed must pass with ours; one it skipped
@@ -365,7 +365,7 @@ class Parsers(unittest.TestCase):
         self.assertEqual((vs["passed"], vs["failed"], vs["skipped"]), (1, 1, 0))
         # In the totals test_b is one failed test (not run with ours), test_a
         # one passed test, counted once though two suites name it.
-        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (11, 1, 2))
+        self.assertEqual((res["passed"], res["failed"], res["skipped"]), (12, 1, 2))
         self.assertIn("passed with Debian's rdma-core, not run with ours", out)
         # No stock run at all is a failure, not a pass...
         rc, out, res = self.run_main("odpwatch: kernel k\n", "")
@@ -379,32 +379,48 @@ class Parsers(unittest.TestCase):
         self.assertIn("rdma-core-vs-stock: not run on this kernel variant", out)
 
     def test_upstream_kselftests_against_vanilla(self):
-        # A test that passed on vanilla must pass on ours; one that failed
-        # or skipped on vanilla is not compared; a runner that did not
-        # finish on either kernel fails.
+        # A case that passed on vanilla must pass on ours, and so must a
+        # binary the runner passed there (rdma's scripts print no cases);
+        # what failed or skipped on vanilla is not compared; a runner that
+        # did not finish on either kernel fails, as does a vanilla run
+        # below its floor.
         d = Path(self.dir.name) / "upstream-vs-vanilla"
-        run = ("1..2\n# selftests: mm: cow\n# 1..3\n# ok 1 A 0 extra\n# ok 2 B\n# not ok 3 C\n"
-               "not ok 1 selftests: mm: cow\n# selftests: mm: gup\n# 1..1\n# ok 1 D\n"
-               "ok 2 selftests: mm: gup\n")
-        for kind, text in (("vanilla", run), ("ours", run.replace("# ok 2 B", "# not ok 2 B")
-                                              .replace("A 0 extra", "A 7 extra"))):
+        run = ("1..3\n# selftests: mm: cow\n# 1..4\n# ok 1 A 0 extra\n# ok 2 B\n# not ok 3 C\n"
+               "# ok 4 T 64 kB\nnot ok 1 selftests: mm: cow\n# selftests: mm: gup\n# 1..1\n# ok 1 D\n"
+               "ok 2 selftests: mm: gup\n# selftests: rdma: rxe_ipv6.sh\nok 3 selftests: rdma: rxe_ipv6.sh\n")
+        ours = (run.replace("# ok 2 B", "# not ok 2 B").replace("A 0 extra", "A 7 extra")
+                .replace("ok 3 selftests: rdma", "not ok 3 selftests: rdma"))
+        for kind, text in (("vanilla", run), ("ours", ours)):
             (d / kind).mkdir(parents=True, exist_ok=True)
             (d / kind / "upstream-kselftests.ktap").write_text(text)
         out = io.StringIO()
         with redirect_stdout(out):
-            tests = cr.parse_vs_vanilla(d)
+            tests = cr.parse_vs_vanilla(d, floor=4)
         # (A names a number it measured: 0 on vanilla, 7 on ours.)
         self.assertEqual(outcomes(tests), {"mm/cow:A 0 extra (vanilla: passed)": "passed",
                                            "mm/cow:B (vanilla: passed)": "failed",
-                                           "mm/gup:D (vanilla: passed)": "passed"})
-        self.assertIn("on vanilla: 3 passed, 1 failed, 0 skipped", out.getvalue())
-        # Ours stopped after the first binary: gup's case is not run there.
+                                           "mm/cow:T 64 kB (vanilla: passed)": "passed",
+                                           "mm/gup:D (vanilla: passed)": "passed",
+                                           "mm/gup (the binary, vanilla: passed)": "passed",
+                                           "rdma/rxe_ipv6.sh (the binary, vanilla: passed)": "failed"})
+        self.assertIn("on vanilla: 4 passed, 1 failed, 0 skipped", out.getvalue())
+        # Exact names first: a case of another size passing on ours does
+        # not stand for this one, which fails there.
+        text = run.replace("# ok 4 T 64 kB", "# ok 4 T 64 kB\n# not ok 5 T 2048 kB").replace("# 1..4", "# 1..5")
+        (d / "vanilla" / "upstream-kselftests.ktap").write_text(text)
+        (d / "ours" / "upstream-kselftests.ktap").write_text(
+            text.replace("# ok 4 T 64 kB", "# not ok 4 T 64 kB").replace("# not ok 5 T 2048 kB", "# ok 5 T 2048 kB"))
+        with redirect_stdout(io.StringIO()):
+            got = outcomes(cr.parse_vs_vanilla(d))
+        self.assertEqual(got["mm/cow:T 64 kB (vanilla: passed)"], "failed")
+        # Ours stopped after the first binary; vanilla below its floor.
+        (d / "vanilla" / "upstream-kselftests.ktap").write_text(run)
         (d / "ours" / "upstream-kselftests.ktap").write_text(run.split("# selftests: mm: gup")[0])
         with redirect_stdout(io.StringIO()):
-            tests = cr.parse_vs_vanilla(d)
-        got = outcomes(tests)
+            got = outcomes(cr.parse_vs_vanilla(d, floor=5))
         self.assertEqual(got["mm/gup:D (vanilla: passed)"], "failed")
         self.assertEqual(got["ours: upstream-kselftests.ktap: plan"], "failed")
+        self.assertEqual(got["upstream-vs-vanilla: vanilla floor"], "failed")
         (d / "vanilla" / "upstream-kselftests.ktap").unlink()
         self.assertEqual(outcomes(cr.parse_vs_vanilla(d)), {"upstream-vs-vanilla: vanilla": "failed"})
 
