@@ -59,18 +59,18 @@ class RemoteQP:
     def qpn(self):
         return self.qp.qp_num
 
-    def connect(self, qpn, gid, retry_cnt=7):
+    def connect(self, qpn, gid, retry_cnt=7, timeout=14):
         """To RTS towards QP @qpn at RoCE v2 GID @gid (a string). retry_cnt 7
         is perftest's, UCX's and libfabric's default; unpatched rxe retried
         it for ever (kernel-patches/0016), so a QP that must see its peer
-        vanish uses 6."""
+        vanish uses 6. timeout 14 (67 ms a try) is rdma_cm's."""
         a = self.attr
         a.ah_attr = AHAttr(port_num=1, is_global=1,
                            gr=GlobalRoute(dgid=GID(gid), sgid_index=self.gid_index))
         a.path_mtu = e.IBV_MTU_4096
         a.max_dest_rd_atomic = a.max_rd_atomic = 4
         a.min_rnr_timer = 12
-        a.timeout, a.retry_cnt, a.rnr_retry = 14, retry_cnt, 7
+        a.timeout, a.retry_cnt, a.rnr_retry = timeout, retry_cnt, 7
         a.rq_psn = a.sq_psn = 0
         a.dest_qp_num = qpn
         self.qp.to_rts(a)
