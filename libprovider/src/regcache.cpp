@@ -1044,9 +1044,8 @@ RegCache::Entry *RegCache::get(ibv_pd *pd, const void *addr, size_t len, unsigne
 				if (e) {
 					if (fresh_entry)
 						dead.add(std::move(fresh_entry));
-					return take(
-						e,
-						holder); // another thread registered it meanwhile
+					// Another thread registered it meanwhile.
+					return take(e, holder);
 				}
 				// The union so far and what overlaps it now. An
 				// entry found stale since (by these lookups, the
