@@ -40,6 +40,10 @@ def failed(name, reason):
     return {"name": name, "outcome": "failed", "reason": reason}
 
 
+# The runner's verdict on a binary: "ok|not ok N selftests: DIR: LABEL [# SKIP ...]".
+RUNNER_VERDICT = re.compile(r"^(not ok|ok) \d+ selftests: (\S+): (\S+)(?: # (\w+)(.*))?", re.M)
+
+
 def parse_ktap(path):
     """Nested KTAP from run_kselftest.sh: '# ok N name' lines belong to the
     binary announced by '# selftests: target: binary'. The runner's plan
@@ -95,7 +99,7 @@ def parse_ktap(path):
             continue
         # The runner's own verdict on a binary: counts only if it printed no results
         # (crashed, timed out) or failed overall.
-        m = re.match(r"^(not ok|ok) \d+ selftests: (\S+): (\S+)(?: # (\w+)(.*))?", line)
+        m = RUNNER_VERDICT.match(line)
         if m:
             reported += 1
             name = f"{m[2]}/{m[3]}"
@@ -422,9 +426,6 @@ def parse_fixes(d):
     return tests
 
 
-BINARY_VERDICT = re.compile(r"^(ok|not ok) \d+ selftests: (\S+): (\S+)(?: # (\w+))?", re.M)
-
-
 def parse_vs_vanilla(d, floor=None):
     """The base kernel's own kselftests (configs/upstream-kselftests.list)
     booted on the vanilla base and on ours (make check-series,
@@ -443,8 +444,8 @@ def parse_vs_vanilla(d, floor=None):
             return [failed(f"upstream-vs-vanilla: {kind}", f"no results: the {kind} kernel did not run them")]
         runs[kind] = t
         verdicts[kind] = {f"{m[2]}/{m[3]}": "skipped" if m[4] == "SKIP" else "passed" if m[1] == "ok" else "failed"
-                          for m in BINARY_VERDICT.finditer(path.read_text(errors="replace"))}
-        count = {k: sum(1 for x in t if x["outcome"] == k) for k in ("passed", "failed", "skipped")}
+                          for m in RUNNER_VERDICT.finditer(path.read_text(errors="replace"))}
+        count = suite(t)
         print(f"upstream-vs-vanilla: on {kind}: {count['passed']} passed, {count['failed']} failed, "
               f"{count['skipped']} skipped")
     # Some cases print what they measured in their name (pagemap_ioctl's

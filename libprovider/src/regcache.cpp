@@ -55,7 +55,7 @@ constexpr unsigned holder_shift = 24, holder_bits = 24;
 constexpr uint64_t holder_mask = ((uint64_t{1} << holder_bits) - 1) << holder_shift;
 constexpr unsigned life_shift = 48;
 constexpr uint64_t life_mask = ~uint64_t{0} << life_shift;
-constexpr uint32_t any_life = UINT32_MAX; // a put from inside, of its own reference
+constexpr uint32_t any_life = RegCache::any_life;
 
 uint64_t count_of(uint64_t r)
 {
@@ -109,6 +109,13 @@ uint64_t unreferenced(uint64_t r)
 uint64_t closed(uint64_t r)
 {
 	return (r & life_mask) | no_refs;
+}
+
+// Gives e no_refs if nobody holds it: then no new reference can be taken.
+bool close_if_unreferenced(std::atomic<uint64_t> &refs)
+{
+	uint64_t unused = unreferenced(refs.load());
+	return refs.compare_exchange_strong(unused, closed(unused));
 }
 
 // Tells caches apart in the per-thread index, also one made where a
@@ -603,8 +610,7 @@ void RegCache::invalidate(Entry *e, Graveyard &dead)
 	// Marked before refs is read: a put() that takes refs to 0 after this
 	// read sees the mark and frees the entry (put() takes no lock).
 	e->retired = true;
-	uint64_t unused = unreferenced(e->refs.load());
-	if (e->refs.compare_exchange_strong(unused, closed(unused)))
+	if (close_if_unreferenced(e->refs))
 		dead.add(std::move(owned));
 	else
 		retired_.emplace(e, std::move(owned));
@@ -1178,8 +1184,7 @@ bool RegCache::put(Entry *e, unsigned holder, uint32_t life)
 	Graveyard dead(*this);
 	std::unique_lock lock(mu_);
 	if (auto it = retired_.find(e); it != retired_.end()) {
-		uint64_t unused = unreferenced(e->refs.load());
-		if (e->refs.compare_exchange_strong(unused, closed(unused))) {
+		if (close_if_unreferenced(e->refs)) {
 			dead.add(std::move(it->second));
 			retired_.erase(it);
 		}
@@ -1272,7 +1277,7 @@ RegCache::Entry *entry_of(const odpwatch_cache_reg *reg, unsigned &holder, uint3
 {
 	const auto h = reinterpret_cast<uintptr_t>(reg);
 	holder = unsigned(h & holder_of_handle);
-	life = UINT32_MAX;
+	life = RegCache::any_life;
 	if constexpr (handle_life_shift != 0)
 		life = uint32_t(h >> handle_life_shift);
 	return reinterpret_cast<RegCache::Entry *>(h & address_mask);

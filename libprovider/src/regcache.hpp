@@ -57,8 +57,9 @@ public:
 	// a reference taken for holder (see with_ref() in regcache.cpp).
 	// Throws verbs::Error.
 	Entry *get(ibv_pd *pd, const void *addr, size_t len, unsigned access, unsigned &holder);
-	// Drops holder's reference (of e's life, if not UINT32_MAX); false if
-	// it holds none of this cache's e.
+	// Drops holder's reference (of e's life, unless any_life); false if it
+	// holds none of this cache's e.
+	static constexpr uint32_t any_life = UINT32_MAX;
 	bool put(Entry *e, unsigned holder, uint32_t life);
 	// Whether holder holds a reference to e in its life; e's life (for
 	// handles).
