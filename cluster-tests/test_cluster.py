@@ -113,12 +113,9 @@ def test_stale_registration(kind, peer, qp, local_mem):
 def test_invalidation_while_streaming(peer, ctx, pd, local_mem):
     """Node 1 zaps its ODP target again and again while node 0 streams
     WRITEs into it: every WRITE completes, the last one's bytes are there.
-    The requester's timeout is 18 (1 s a try), not rdma_cm's 14: once, in
-    the .ci/run of 374102c, WRITE 19 of 64 ran out of its 8 tries of 67 ms
-    (RETRY_EXC_ERR) while node 1's one vCPU ran the zaps; it passed 15 of 15
-    runs alone and 5 of 5 runs of the whole suite since, and every CI run
-    before. The subject here is invalidation, not transport timeouts; why
-    node 1 left a WRITE unanswered that long is not known (docs/cluster.md)."""
+    The requester's timeout is 18 (1 s a try), not rdma_cm's 14, which ran
+    out once under the zaps: the subject here is invalidation, not transport
+    timeouts. What is known of that failure is in docs/cluster.md."""
     q = verbs.RemoteQP(ctx, pd)
     remote = peer.qp()
     peer.connect(remote["h"], q.qpn, q.gid)
