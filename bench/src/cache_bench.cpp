@@ -302,9 +302,9 @@ void bench_workload_data(Report &rep, const Options &o, ibv_context *ctx, ibv_pd
 	}
 }
 
-// The peers run in their own processes (odpwatch-cache-peers, installed
-// beside us): UCX's and libfabric's hooks patch the same libc functions and
-// must not meet in one process, nor meet ours.
+// The peers run in their own processes (odpwatch-cache-peers, installed in
+// libexec/odpwatch): UCX's and libfabric's hooks patch the same libc
+// functions and must not meet in one process, nor meet ours.
 void run_peer(Report &rep, const Options &o, const char *peer)
 {
 	char self[4096];
@@ -312,7 +312,8 @@ void run_peer(Report &rep, const Options &o, const char *peer)
 	if (n <= 0)
 		throw verbs::Error("readlink /proc/self/exe", errno);
 	self[n] = 0;
-	std::string exe = std::string(dirname(self)) + "/odpwatch-cache-peers";
+	std::string exe =
+		std::string(dirname(self)) + "/" ODPWATCH_PEERS_FROM_BIN "/odpwatch-cache-peers";
 	if (access(exe.c_str(), X_OK)) {
 		rep.remark("Peer " + std::string(peer) + " not measured: " + exe +
 			   " is not installed (built only where UCX and libfabric are).");
