@@ -36,7 +36,7 @@ class LoopbackQP:
         srq: the shared receive queue its receives come from; flush: an
         extended QP that posts and accepts RDMA FLUSH (see flush())."""
         self.cq = CQ(ctx, 16)
-        cap = QPCap(max_send_wr=8, max_recv_wr=8, max_send_sge=1, max_recv_sge=1)
+        cap = QPCap(max_send_wr=8, max_recv_wr=8, max_send_sge=1, max_recv_sge=2)
         attr = QPAttr(port_num=port)
         attr.qp_access_flags = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE |
                                 e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_ATOMIC)
@@ -123,6 +123,17 @@ class LoopbackQP:
         self.qp.post_send(SendWR(opcode=e.IBV_WR_SEND, num_sge=1,
                                  sg=[SGE(src_addr, length, src_mr.lkey)]))
         return self.wait(), self.wait()
+
+
+def next_completion(cq, timeout=30.0):
+    """The next work completion of @cq, whole."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        n, wcs = cq.poll()
+        if n:
+            return wcs[0]
+        time.sleep(0.0005)
+    raise TimeoutError("no completion")
 
 
 def hw_counter(name):

@@ -13,7 +13,6 @@ import ctypes
 import os
 import re
 import subprocess
-import time
 
 import pytest
 import pyverbs.enums as e
@@ -21,7 +20,8 @@ from pyverbs.mr import MR
 from pyverbs.srq import SRQ, SrqAttr, SrqInitAttr
 from pyverbs.wr import SGE, RecvWR, SendWR
 
-from conftest import LoopbackQP, assert_bytes, hw_counter, madvise_dontneed, mmap_anon, munmap
+from conftest import (LoopbackQP, assert_bytes, hw_counter, madvise_dontneed, mmap_anon, munmap,
+                      next_completion)
 
 BINARY = "/out/guest/bin/failnth-sweep"
 OPERATIONS = [
@@ -236,13 +236,15 @@ FAIL_MAP = os.path.join(DEBUGFS, "fail_rxe_odp_map")
 
 
 @contextlib.contextmanager
-def fail_rxe_odp_map(times, interval=1):
-    """rxe's fail_rxe_odp_map: @times mappings of an ODP access's pages, every
-    @interval-th from now, fail as an invalidation racing with them would.
-    Yields a function that counts the failures injected so far."""
+def fail_rxe_odp_map(times, nth=1):
+    """rxe's fail_rxe_odp_map: @times mappings of an ODP access's pages, from
+    the @nth from now on, fail as an invalidation racing with them would.
+    (space counts the calls down afresh each time; interval's count would
+    carry over from one use to the next.) Yields a function that counts the
+    failures injected so far."""
     knobs = {}
     try:
-        want = {"interval": str(interval), "times": str(times), "space": "0", "verbose": "0",
+        want = {"interval": "1", "times": str(times), "space": str(nth), "verbose": "0",
                 "task-filter": "N", "probability": "100"}
         for name, value in want.items():
             path = os.path.join(FAIL_MAP, name)
@@ -298,33 +300,38 @@ def test_first_read_response_built_again_is_the_first(ctx, pd, size):
         munmap(dst, length)
 
 
-def next_completion(cq, timeout=30.0):
-    """The next work completion of @cq, whole."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        n, wcs = cq.poll()
-        if n:
-            return wcs[0]
-        time.sleep(0.0005)
-    raise TimeoutError("no completion")
+# How a 16 KiB receive is laid out (pieces of (offset, length, kind)), and
+# which ODP mapping fail_rxe_odp_map fails: one packet of 1 KiB is one
+# mapping of one ODP piece.
+RECEIVES = {
+    # the first packet, and a later one within the same SGE
+    "one-sge-first-packet": ([(0, 16 << 10, "odp")], 1),
+    "one-sge-fifth-packet": ([(0, 16 << 10, "odp")], 5),
+    # the first packet of the second SGE: the failure is judged there
+    "two-sges-ninth-packet": ([(0, 8 << 10, "odp"), (8 << 10, 8 << 10, "odp")], 9),
+    # packet 5 fills the pinned SGE's last 512 bytes, then fails in the ODP
+    # one: sent again, it must start in the pinned SGE again
+    "pinned-then-odp-straddling": ([(0, 4608, "pinned"), (4608, 11776, "odp")], 1),
+}
 
 
 @pytest.mark.skipif(not os.path.isdir(FAIL_MAP),
                     reason="no fail_rxe_odp_map: kernel without CONFIG_FAULT_INJECTION_DEBUG_FS "
                            "(the debug kernel runs this)")
-@pytest.mark.parametrize("nth", [1, 5], ids=["first-packet", "fifth-packet"])
+@pytest.mark.parametrize("receive", RECEIVES)
 @pytest.mark.parametrize("queue", ["rq", "srq"])
-def test_send_into_an_odp_receive_buffer_survives_a_transient_fault(ctx, pd, queue, nth):
-    """A SEND of 16 KiB (16 packets at MTU 1024) into a receive buffer in an
-    ODP MR whose pages are all present; fail_rxe_odp_map fails the copy of
-    its @nth packet, as a fault colliding with invalidations does. The
-    responder must answer that packet RNR and take it when it comes again,
-    as it does for a WRITE; it ended the QP instead (the receive completed
-    with a local QP operation error). On an SRQ the receive taken for the
-    first packet serves the packet sent again: the next receive stays
-    posted, and takes the next SEND."""
+def test_send_into_an_odp_receive_buffer_survives_a_transient_fault(ctx, pd, queue, receive):
+    """A SEND of 16 KiB (16 packets at MTU 1024) into a receive whose ODP
+    pages are all present; fail_rxe_odp_map fails one packet's copy, as a
+    fault colliding with invalidations does. The responder must answer that
+    packet RNR and take it when it comes again, from where it found the
+    receive, as it does for a WRITE; it ended the QP instead (the receive
+    completed with a local QP operation error). On an SRQ the receive taken
+    for the first packet serves the packet sent again: the next receive
+    stays posted, and takes the next SEND."""
+    pieces, nth = RECEIVES[receive]
     length = 16 << 10
-    srq = SRQ(pd, SrqInitAttr(SrqAttr(max_wr=4, max_sge=1))) if queue == "srq" else None
+    srq = SRQ(pd, SrqInitAttr(SrqAttr(max_wr=4, max_sge=2))) if queue == "srq" else None
     sender = LoopbackQP(ctx, pd, connect=False)
     receiver = LoopbackQP(ctx, pd, connect=False, srq=srq)
     sender.connect(receiver.qp.qp_num)
@@ -333,16 +340,20 @@ def test_send_into_an_odp_receive_buffer_survives_a_transient_fault(ctx, pd, que
     data = bytes((i * 13 + 5) & 0xFF for i in range(length))
     ctypes.memmove(src, data, length)
     ctypes.memset(dst, 0xEE, length)  # present: only the injected failure faults
-    pinned = MR(pd, length, e.IBV_ACCESS_LOCAL_WRITE, address=src)
-    odp = MR(pd, length, e.IBV_ACCESS_ON_DEMAND | e.IBV_ACCESS_LOCAL_WRITE, address=dst)
+    mrs = [MR(pd, length, e.IBV_ACCESS_LOCAL_WRITE, address=src)]
+    sges = []
+    for offset, size, kind in pieces:
+        access = e.IBV_ACCESS_LOCAL_WRITE | (e.IBV_ACCESS_ON_DEMAND if kind == "odp" else 0)
+        mrs.append(MR(pd, size, access, address=dst + offset))
+        sges.append(SGE(dst + offset, size, mrs[-1].lkey))
     post_recv = srq.post_recv if srq else receiver.qp.post_recv
     try:
         for wr_id in (1, 2):
-            post_recv(RecvWR(wr_id=wr_id, num_sge=1, sg=[SGE(dst, length, odp.lkey)]))
+            post_recv(RecvWR(wr_id=wr_id, num_sge=len(sges), sg=sges))
         rnr_naks = hw_counter("send_rnr_err")
-        with fail_rxe_odp_map(1, interval=nth) as injected:
+        with fail_rxe_odp_map(1, nth=nth) as injected:
             sender.qp.post_send(SendWR(opcode=e.IBV_WR_SEND, num_sge=1,
-                                       sg=[SGE(src, length, pinned.lkey)]))
+                                       sg=[SGE(src, length, mrs[0].lkey)]))
             sent = sender.wait(timeout=60)
             n = injected()
         assert n == 1, f"{n} mapping failures injected, not 1"
@@ -354,13 +365,13 @@ def test_send_into_an_odp_receive_buffer_survives_a_transient_fault(ctx, pd, que
         assert_bytes(ctypes.string_at(dst, length), data)
         # The second receive is still posted and takes the next SEND.
         sender.qp.post_send(SendWR(opcode=e.IBV_WR_SEND, num_sge=1,
-                                   sg=[SGE(src, 64, pinned.lkey)]))
+                                   sg=[SGE(src, 64, mrs[0].lkey)]))
         assert sender.wait(timeout=30) == e.IBV_WC_SUCCESS
         got = next_completion(receiver.cq)
         assert (got.status, got.wr_id, got.byte_len) == (e.IBV_WC_SUCCESS, 2, 64), \
             (got.status, got.wr_id, got.byte_len)
     finally:
-        odp.close()
-        pinned.close()
+        for mr in mrs:
+            mr.close()
         munmap(src, length)
         munmap(dst, length)

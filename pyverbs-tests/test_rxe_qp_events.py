@@ -1,16 +1,18 @@
 # SPDX-License-Identifier: GPL-2.0
 """An error on a QP of an SRQ must reach the responder's application
-(C9-222.1). (The other two rules an RDMA library's teardown relies on, one
+(C9-222.1), and a receive it took from the SRQ must complete, flushed, when
+the QP goes to the error state. (The other two rules an RDMA library's teardown relies on, one
 Last WQE Reached event per entry into the error state and a retry count of
 7 that runs out, are kselftests of the rdma fixes: rxe_odp_data's fix_*
 cases, run on the vanilla base too.)"""
 import pytest
 import pyverbs.enums as e
 from pyverbs.mr import MR
+from pyverbs.qp import QPAttr
 from pyverbs.srq import SRQ, SrqAttr, SrqInitAttr
 from pyverbs.wr import RecvWR, SGE, SendWR
 
-from conftest import LoopbackQP, async_events
+from conftest import LoopbackQP, async_events, mmap_anon, munmap, next_completion
 
 
 @pytest.fixture
@@ -56,3 +58,38 @@ def test_write_with_imm_error_on_an_srq_reaches_the_responder(ctx, pd, local, re
     else:
         assert e.IBV_EVENT_QP_ACCESS_ERR in events, \
             f"no completion to carry the error and no access error event: {events}"
+
+
+def test_srq_receive_held_across_an_rnr_nak_is_flushed_with_the_qp(ctx, pd):
+    """A SEND's first packet into an SRQ receive of untouched ODP memory is
+    answered RNR (its fault queued) and the receive it took is held for the
+    packet sent again. The sender gives up at once (rnr_retry 0); when the
+    receiving QP then goes to the error state, that receive must complete,
+    flushed, as every receive a QP took does, not vanish from the
+    application's pool; the SRQ's other receive stays there."""
+    length = 16 << 10
+    srq = SRQ(pd, SrqInitAttr(SrqAttr(max_wr=4, max_sge=1)))
+    sender = LoopbackQP(ctx, pd, connect=False)
+    receiver = LoopbackQP(ctx, pd, connect=False, srq=srq)
+    sender.attr.rnr_retry = 0
+    sender.connect(receiver.qp.qp_num)
+    receiver.connect(sender.qp.qp_num)
+    src, dst = mmap_anon(length), mmap_anon(length)
+    pinned = MR(pd, length, e.IBV_ACCESS_LOCAL_WRITE, address=src)
+    odp = MR(pd, length, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_ON_DEMAND, address=dst)
+    try:
+        for wr_id in (1, 2):
+            srq.post_recv(RecvWR(wr_id=wr_id, num_sge=1, sg=[SGE(dst, length, odp.lkey)]))
+        sender.qp.post_send(SendWR(opcode=e.IBV_WR_SEND, num_sge=1,
+                                   sg=[SGE(src, length, pinned.lkey)]))
+        assert sender.wait(timeout=60) == e.IBV_WC_RNR_RETRY_EXC_ERR
+        receiver.qp.modify(QPAttr(qp_state=e.IBV_QPS_ERR), e.IBV_QP_STATE)
+        got = next_completion(receiver.cq, timeout=10)
+        assert (got.wr_id, got.status) == (1, e.IBV_WC_WR_FLUSH_ERR), (got.wr_id, got.status)
+        n, _ = receiver.cq.poll()
+        assert n == 0, "the SRQ's other receive was flushed too"
+    finally:
+        odp.close()
+        pinned.close()
+        munmap(src, length)
+        munmap(dst, length)
