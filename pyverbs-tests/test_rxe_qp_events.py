@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: GPL-2.0
 """An error on a QP of an SRQ must reach the responder's application
 (C9-222.1), and a receive it took from the SRQ must complete, flushed, when
-the QP goes to the error state. (The other two rules an RDMA library's teardown relies on, one
-Last WQE Reached event per entry into the error state and a retry count of
-7 that runs out, are kselftests of the rdma fixes: rxe_odp_data's fix_*
-cases, run on the vanilla base too.)"""
+the QP goes to the error state. (The other two rules an RDMA library's
+teardown relies on, one Last WQE Reached event per entry into the error
+state and a retry count of 7 that runs out, are kselftests of the rdma
+fixes: rxe_odp_data's fix_* cases, run on the vanilla base too.)"""
 import pytest
 import pyverbs.enums as e
 from pyverbs.mr import MR

@@ -125,11 +125,14 @@ size_t open_fds()
 // One operation under the sweep. prepare() runs before each attempt, outside
 // the armed window; attempt() is the operation, returning 0 or an errno;
 // settle(err) checks what the attempt left and undoes it, outside the window.
+// faults_pages: it faults user pages in through hmm, which reports a failed
+// allocation there (a page table's, VM_FAULT_OOM) as EFAULT.
 struct Operation {
 	const char *name;
 	std::function<void()> prepare;
 	std::function<int()> attempt;
 	std::function<void(int err)> settle;
+	bool faults_pages = false;
 };
 
 struct Outcome {
@@ -159,12 +162,13 @@ Outcome sweep(const Operation &op)
 		}
 		if (!err) {
 			o.absorbed++;
-		} else if (err == ENOMEM || err == EAGAIN) {
+		} else if (err == ENOMEM || err == EAGAIN || (err == EFAULT && op.faults_pages)) {
 			o.errnos[err]++;
 		} else {
 			throw Failure("allocation " + std::to_string(n) +
 				      " failed: the operation gave " + strerrorname_np(err) +
-				      ", not ENOMEM or EAGAIN");
+				      (op.faults_pages ? ", not ENOMEM, EAGAIN or EFAULT"
+						       : ", not ENOMEM or EAGAIN"));
 		}
 	}
 	throw Failure("still reaching injected failures after 20000 allocations");
@@ -329,7 +333,7 @@ std::vector<Operation> odp_operations(ibv_pd *pd, verbs::Mapping &buf)
 			       madvise(buf.data(), kLen, MADV_DONTNEED);
 		       },
 		       [pd, held, &buf] { return prefetch(pd, held->get(), buf.data(), kLen); },
-		       [](int) {}});
+		       [](int) {}, true});
 
 	// On an implicit MR the prefetch also creates the child MRs: a fresh
 	// implicit MR for every try, so each one creates them again.
@@ -339,7 +343,7 @@ std::vector<Operation> odp_operations(ibv_pd *pd, verbs::Mapping &buf)
 			       madvise(buf.data(), kLen, MADV_DONTNEED);
 		       },
 		       [pd, held, &buf] { return prefetch(pd, held->get(), buf.data(), kLen); },
-		       [held](int) { held->reset(); }});
+		       [held](int) { held->reset(); }, true});
 
 	// (ibv_dereg_mr of an ODP MR was measured to allocate nothing in the
 	// task: there is nothing to sweep there.)

@@ -337,9 +337,14 @@ private:
 			qp().rdma(op, local, laddr, kLen, remote, raddr, std::chrono::minutes(5));
 		if (st != IBV_WC_SUCCESS)
 			fail(std::string(what) + " completed with '" + ibv_wc_status_str(st) +
-			     "' (remote MR: " +
-			     (remote == implicit_.get() ? "implicit ODP" : "explicit") + ")" +
-			     qp_report());
+			     "' (remote MR: " + mr_kind(remote) + ")" + qp_report());
+	}
+	// What the "remote" MR of a transfer is: a SEND's lands in local_.
+	const char *mr_kind(const ibv_mr *mr) const
+	{
+		if (mr == implicit_.get())
+			return "implicit ODP";
+		return mr == local_mr_.get() ? "pinned, the receive buffer" : "explicit ODP";
 	}
 	// The slot's explicit ODP MR, or else the implicit one.
 	ibv_mr *odp_mr(size_t i) { return slots_[i].odp ? slots_[i].odp.get() : implicit_.get(); }
