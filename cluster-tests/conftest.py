@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: GPL-2.0
 """Fixtures of the cluster suite, run on node 0: the local device, and the
 agent on node 1 (agent.py), reached over the wire by RPC."""
+import contextlib
 import multiprocessing.connection as mpc
 import os
 import time
@@ -62,17 +63,26 @@ def pd(ctx):
 @pytest.fixture
 def qp(ctx, pd, peer):
     """A local RC QP connected to one on node 1: (local, peer's handle)."""
+    with remote_pair(ctx, pd, peer) as pair:
+        yield pair
+
+
+@contextlib.contextmanager
+def remote_pair(ctx, pd, peer, **connect_args):
+    """The qp fixture's pair, with the local QP's connect() arguments."""
     local = verbs.RemoteQP(ctx, pd)
     remote = peer.qp()
     peer.connect(remote["h"], local.qpn, local.gid)
-    local.connect(remote["qpn"], remote["gid"])
-    yield local, remote["h"]
+    local.connect(remote["qpn"], remote["gid"], **connect_args)
     try:
-        peer.close(remote["h"])
-    except RuntimeError:
-        pass  # the test destroyed it already
-    local.qp.close()
-    local.cq.close()
+        yield local, remote["h"]
+    finally:
+        try:
+            peer.close(remote["h"])
+        except RuntimeError:
+            pass  # the test destroyed it already
+        local.qp.close()
+        local.cq.close()
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pyverbs.enums as e
 import pytest
 
 import verbs
-from conftest import PEER
+from conftest import PEER, remote_pair
 from verbs import MODES, assert_bytes, pattern
 
 LEN = 256 << 10
@@ -116,32 +116,27 @@ def test_invalidation_while_streaming(peer, ctx, pd, local_mem):
     The requester's timeout is 18 (1 s a try), not rdma_cm's 14, which ran
     out once under the zaps: the subject here is invalidation, not transport
     timeouts. What is known of that failure is in docs/cluster.md."""
-    q = verbs.RemoteQP(ctx, pd)
-    remote = peer.qp()
-    peer.connect(remote["h"], q.qpn, q.gid)
-    q.connect(remote["qpn"], remote["gid"], timeout=18)
-    n = 64
-    src, src_mr = local_mem(LEN)
-    dst = peer.mem("odp", LEN)
-    peer.churn_start(dst["h"])
-    try:
-        for i in range(n):
-            ctypes.memmove(src, pattern(10 + i, LEN), LEN)
-            q.rdma(e.IBV_WR_RDMA_WRITE, src_mr, src, LEN, dst["rkey"], dst["addr"])
-            assert q.poll() == e.IBV_WC_SUCCESS, f"WRITE {i}"
-    finally:
-        zaps = peer.churn_stop(dst["h"])
-    assert zaps > 0
-    # madvise zaps may have emptied any page since: write once more, quiet.
-    q.rdma(e.IBV_WR_RDMA_WRITE, src_mr, src, LEN, dst["rkey"], dst["addr"])
-    assert q.poll() == e.IBV_WC_SUCCESS
-    assert_bytes(peer.read(dst["h"], 0, LEN), pattern(10 + n - 1, LEN), "the last WRITE's bytes")
-    row = peer.counters(dst["h"])
-    assert int(row["page_invalidations"]) > 0, row
-    peer.close(dst["h"])
-    peer.close(remote["h"])
-    q.qp.close()
-    q.cq.close()
+    with remote_pair(ctx, pd, peer, timeout=18) as (q, _):
+        n = 64
+        src, src_mr = local_mem(LEN)
+        dst = peer.mem("odp", LEN)
+        peer.churn_start(dst["h"])
+        try:
+            for i in range(n):
+                ctypes.memmove(src, pattern(10 + i, LEN), LEN)
+                q.rdma(e.IBV_WR_RDMA_WRITE, src_mr, src, LEN, dst["rkey"], dst["addr"])
+                assert q.poll() == e.IBV_WC_SUCCESS, f"WRITE {i}"
+        finally:
+            zaps = peer.churn_stop(dst["h"])
+        assert zaps > 0
+        # madvise zaps may have emptied any page since: write once more, quiet.
+        q.rdma(e.IBV_WR_RDMA_WRITE, src_mr, src, LEN, dst["rkey"], dst["addr"])
+        assert q.poll() == e.IBV_WC_SUCCESS
+        assert_bytes(peer.read(dst["h"], 0, LEN), pattern(10 + n - 1, LEN),
+                     "the last WRITE's bytes")
+        row = peer.counters(dst["h"])
+        assert int(row["page_invalidations"]) > 0, row
+        peer.close(dst["h"])
 
 
 def test_peer_qp_destroyed_mid_stream(peer, ctx, pd, local_mem):

@@ -27,6 +27,17 @@ def roce_v2_ipv4_gid_index(dev, port=1):
     return roce_v2_ipv4_gid(dev, port)[0]
 
 
+def next_completion(cq, timeout=30.0):
+    """The next work completion of @cq, whole."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        n, wcs = cq.poll()
+        if n:
+            return wcs[0]
+        time.sleep(0.0005)
+    raise TimeoutError("no completion")
+
+
 class LoopbackQP:
     """An RC QP connected to itself (or, with pair(), two connected to each
     other): RDMA goes through the whole transport."""
@@ -84,13 +95,7 @@ class LoopbackQP:
 
     def wait(self, timeout=30.0):
         """The status of the next completion."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            n, wcs = self.cq.poll()
-            if n:
-                return wcs[0].status
-            time.sleep(0.0005)
-        raise TimeoutError("no completion")
+        return next_completion(self.cq, timeout).status
 
     def rdma(self, opcode, src_mr, src_addr, length, dst_mr, dst_addr, timeout=30.0):
         """Post one signaled RDMA WRITE or READ and return its completion status."""
@@ -123,17 +128,6 @@ class LoopbackQP:
         self.qp.post_send(SendWR(opcode=e.IBV_WR_SEND, num_sge=1,
                                  sg=[SGE(src_addr, length, src_mr.lkey)]))
         return self.wait(), self.wait()
-
-
-def next_completion(cq, timeout=30.0):
-    """The next work completion of @cq, whole."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        n, wcs = cq.poll()
-        if n:
-            return wcs[0]
-        time.sleep(0.0005)
-    raise TimeoutError("no completion")
 
 
 def hw_counter(name):
