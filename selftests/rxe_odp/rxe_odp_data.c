@@ -626,6 +626,128 @@ TEST_F_TIMEOUT(odp, fix_retry_count_7_is_seven_retries_not_forever, 90)
 		       ibv_wc_status_str(status));
 }
 
+static const char *wc_str(int status)
+{
+	if (status == -1)
+		return "no completion";
+	return status < 0 ? "ibv_poll_cq failed" : ibv_wc_status_str(status);
+}
+
+/* wait_cq() without a sleep: the caller races the responder. */
+static int wait_cq_busy(struct ibv_cq *cq, long ms)
+{
+	struct timespec t0, t;
+	struct ibv_wc wc;
+	unsigned long spins = 0;
+	int n;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		n = ibv_poll_cq(cq, 1, &wc);
+		if (n)
+			return n > 0 ? (int)wc.status : -2;
+		if (++spins % 4096)
+			continue;
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		if ((t.tv_sec - t0.tv_sec) * 1000 +
+		    (t.tv_nsec - t0.tv_nsec) / 1000000 >= ms)
+			return -1;
+	}
+}
+
+#define REPLAY_LEN	(1024 * 1024UL)
+#define REPLAY_READS	100
+
+/*
+ * A READ whose responses are slow is sent again when the requester's
+ * transport timer fires, and the responder replays it. Once the first
+ * responses have completed the READ, its MR is the application's to
+ * deregister, and the replay that then fails its rkey check must not end
+ * the responder's QP. It did: the requester dropped the NAK (its WQE was
+ * done) and the next SEND ran out of retries against a dead responder.
+ * A transport timeout of 1 (one jiffy) makes the requester send most
+ * 1 MiB READs twice; the duplicate_request counter shows the replays ran.
+ */
+TEST_F_TIMEOUT(odp, fix_a_replayed_read_whose_mr_is_gone_leaves_the_qp_alone,
+	       120)
+{
+	struct ibv_qp_attr timeout = { .timeout = 1 };
+	uint64_t dups = hw_counter("duplicate_request");
+	char *src = malloc(REPLAY_LEN), *dst = malloc(REPLAY_LEN);
+	char *msg = self->l.local_buf;
+	struct ibv_sge sge, rsge;
+	struct ibv_send_wr wr, *bad;
+	struct ibv_recv_wr rwr, *bad_rwr;
+	struct ibv_mr *local, *remote;
+	int status, sent, received;
+	struct qp_pair p;
+	unsigned int i;
+
+	ASSERT_NE(NULL, src);
+	ASSERT_NE(NULL, dst);
+	ASSERT_EQ(0, qp_pair_create(self->pd, 2, NULL, &p));
+	ASSERT_EQ(0, connect_qp(self->ctx, p.sender, p.receiver));
+	ASSERT_EQ(0, connect_qp(self->ctx, p.receiver, p.sender));
+	ASSERT_EQ(0, ibv_modify_qp(p.sender, &timeout, IBV_QP_TIMEOUT));
+	local = ibv_reg_mr(self->pd, dst, REPLAY_LEN, IBV_ACCESS_LOCAL_WRITE);
+	ASSERT_NE(NULL, local);
+
+	for (i = 0; i < REPLAY_READS; i++) {
+		fill(src, REPLAY_LEN, i);
+		remote = ibv_reg_mr(self->pd, src, REPLAY_LEN,
+				    IBV_ACCESS_LOCAL_WRITE |
+				    IBV_ACCESS_REMOTE_READ);
+		ASSERT_NE(NULL, remote);
+		sge = (struct ibv_sge){ (uintptr_t)dst, REPLAY_LEN,
+					local->lkey };
+		wr = (struct ibv_send_wr){
+			.sg_list = &sge, .num_sge = 1,
+			.opcode = IBV_WR_RDMA_READ,
+			.send_flags = IBV_SEND_SIGNALED,
+			.wr.rdma = { .remote_addr = (uintptr_t)src,
+				     .rkey = remote->rkey } };
+		ASSERT_EQ(0, ibv_post_send(p.sender, &wr, &bad));
+		status = wait_cq_busy(p.scq, 30000);
+		/* At once: the replay may still be running. */
+		ASSERT_EQ(0, ibv_dereg_mr(remote));
+		ASSERT_EQ(IBV_WC_SUCCESS, status)
+			TH_LOG("READ %u: %s", i, wc_str(status));
+		ASSERT_EQ(0, memcmp(dst, src, REPLAY_LEN))
+			TH_LOG("READ %u: wrong bytes", i);
+
+		rsge = (struct ibv_sge){ (uintptr_t)msg + 4096, 64,
+					 self->l.local->lkey };
+		rwr = (struct ibv_recv_wr){ .wr_id = i, .sg_list = &rsge,
+					    .num_sge = 1 };
+		ASSERT_EQ(0, ibv_post_recv(p.receiver, &rwr, &bad_rwr));
+		fill(msg, 64, i);
+		sge = (struct ibv_sge){ (uintptr_t)msg, 64,
+					self->l.local->lkey };
+		wr = (struct ibv_send_wr){ .wr_id = i, .sg_list = &sge,
+					   .num_sge = 1,
+					   .opcode = IBV_WR_SEND,
+					   .send_flags = IBV_SEND_SIGNALED };
+		ASSERT_EQ(0, ibv_post_send(p.sender, &wr, &bad));
+		sent = wait_cq(p.scq, 10000);
+		received = wait_cq(p.rcq, 10000);
+		ASSERT_EQ(IBV_WC_SUCCESS, sent)
+			TH_LOG("REPRODUCED: after READ %u, the SEND completed: %s, its receive: %s (%llu replays)",
+			       i, wc_str(sent), wc_str(received),
+			       (unsigned long long)(hw_counter("duplicate_request") - dups));
+		ASSERT_EQ(IBV_WC_SUCCESS, received)
+			TH_LOG("after READ %u: receive %s", i,
+			       wc_str(received));
+		ASSERT_EQ(0, memcmp(msg + 4096, msg, 64));
+	}
+	EXPECT_LT(dups, hw_counter("duplicate_request"))
+		TH_LOG("no READ was sent twice: the test did not reach the replay");
+
+	EXPECT_EQ(0, ibv_dereg_mr(local));
+	EXPECT_EQ(0, qp_pair_destroy(&p));
+	free(src);
+	free(dst);
+}
+
 /*
  * The Last WQE Reached events of @qp, and in @others any other event, that
  * arrive within @ms (the context's async fd is non-blocking).
