@@ -656,7 +656,15 @@ static int wait_cq_busy(struct ibv_cq *cq, long ms)
 }
 
 #define REPLAY_LEN	(1024 * 1024UL)
-#define REPLAY_READS	100
+#define REPLAY_WANTED	3	/* replays before the test may end */
+#define REPLAY_SECONDS	90	/* and at most this long */
+
+static int set_timeout(struct ibv_qp *qp, uint8_t timeout)
+{
+	struct ibv_qp_attr a = { .timeout = timeout };
+
+	return ibv_modify_qp(qp, &a, IBV_QP_TIMEOUT);
+}
 
 /*
  * A READ whose responses are slow is sent again when the requester's
@@ -665,13 +673,14 @@ static int wait_cq_busy(struct ibv_cq *cq, long ms)
  * deregister, and the replay that then fails its rkey check must not end
  * the responder's QP. It did: the requester dropped the NAK (its WQE was
  * done) and the next SEND ran out of retries against a dead responder.
- * A transport timeout of 1 (one jiffy) makes the requester send most
- * 1 MiB READs twice; the duplicate_request counter shows the replays ran.
+ * A transport timeout of 1 (one jiffy) makes the requester send some
+ * 1 MiB READs twice, one in tens; each SEND goes with timeout 14, so that
+ * the replays duplicate_request counts are the READs'. Rounds go on until
+ * REPLAY_WANTED of them.
  */
 TEST_F_TIMEOUT(odp, fix_a_replayed_read_whose_mr_is_gone_leaves_the_qp_alone,
-	       120)
+	       180)
 {
-	struct ibv_qp_attr timeout = { .timeout = 1 };
 	uint64_t dups = hw_counter("duplicate_request");
 	char *src = malloc(REPLAY_LEN), *dst = malloc(REPLAY_LEN);
 	char *msg = self->l.local_buf;
@@ -680,24 +689,33 @@ TEST_F_TIMEOUT(odp, fix_a_replayed_read_whose_mr_is_gone_leaves_the_qp_alone,
 	struct ibv_recv_wr rwr, *bad_rwr;
 	struct ibv_mr *local, *remote;
 	int status, sent, received;
+	struct timespec t0, t;
+	uint64_t replays = 0;
 	struct qp_pair p;
 	unsigned int i;
 
 	ASSERT_NE(NULL, src);
 	ASSERT_NE(NULL, dst);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
 	ASSERT_EQ(0, qp_pair_create(self->pd, 2, NULL, &p));
 	ASSERT_EQ(0, connect_qp(self->ctx, p.sender, p.receiver));
 	ASSERT_EQ(0, connect_qp(self->ctx, p.receiver, p.sender));
-	ASSERT_EQ(0, ibv_modify_qp(p.sender, &timeout, IBV_QP_TIMEOUT));
 	local = ibv_reg_mr(self->pd, dst, REPLAY_LEN, IBV_ACCESS_LOCAL_WRITE);
 	ASSERT_NE(NULL, local);
 
-	for (i = 0; i < REPLAY_READS; i++) {
+	for (i = 0; replays < REPLAY_WANTED; i++) {
+		if (i % 50 == 49) {	/* hw_counter() sleeps 20 ms */
+			replays = hw_counter("duplicate_request") - dups;
+			clock_gettime(CLOCK_MONOTONIC, &t);
+			if (t.tv_sec - t0.tv_sec > REPLAY_SECONDS)
+				break;
+		}
 		fill(src, REPLAY_LEN, i);
 		remote = ibv_reg_mr(self->pd, src, REPLAY_LEN,
 				    IBV_ACCESS_LOCAL_WRITE |
 				    IBV_ACCESS_REMOTE_READ);
 		ASSERT_NE(NULL, remote);
+		ASSERT_EQ(0, set_timeout(p.sender, 1));
 		sge = (struct ibv_sge){ (uintptr_t)dst, REPLAY_LEN,
 					local->lkey };
 		wr = (struct ibv_send_wr){
@@ -715,6 +733,7 @@ TEST_F_TIMEOUT(odp, fix_a_replayed_read_whose_mr_is_gone_leaves_the_qp_alone,
 		ASSERT_EQ(0, memcmp(dst, src, REPLAY_LEN))
 			TH_LOG("READ %u: wrong bytes", i);
 
+		ASSERT_EQ(0, set_timeout(p.sender, 14));
 		rsge = (struct ibv_sge){ (uintptr_t)msg + 4096, 64,
 					 self->l.local->lkey };
 		rwr = (struct ibv_recv_wr){ .wr_id = i, .sg_list = &rsge,
@@ -731,7 +750,7 @@ TEST_F_TIMEOUT(odp, fix_a_replayed_read_whose_mr_is_gone_leaves_the_qp_alone,
 		sent = wait_cq(p.scq, 10000);
 		received = wait_cq(p.rcq, 10000);
 		ASSERT_EQ(IBV_WC_SUCCESS, sent)
-			TH_LOG("REPRODUCED: after READ %u, the SEND completed: %s, its receive: %s (%llu replays)",
+			TH_LOG("REPRODUCED: after READ %u, the SEND completed: %s, its receive: %s (%llu duplicates so far)",
 			       i, wc_str(sent), wc_str(received),
 			       (unsigned long long)(hw_counter("duplicate_request") - dups));
 		ASSERT_EQ(IBV_WC_SUCCESS, received)
@@ -739,8 +758,10 @@ TEST_F_TIMEOUT(odp, fix_a_replayed_read_whose_mr_is_gone_leaves_the_qp_alone,
 			       wc_str(received));
 		ASSERT_EQ(0, memcmp(msg + 4096, msg, 64));
 	}
-	EXPECT_LT(dups, hw_counter("duplicate_request"))
-		TH_LOG("no READ was sent twice: the test did not reach the replay");
+	EXPECT_LT(0, replays)
+		TH_LOG("no READ was sent twice in %u rounds: the test did not reach the replay",
+		       i);
+	TH_LOG("%u rounds, %llu replays", i, (unsigned long long)replays);
 
 	EXPECT_EQ(0, ibv_dereg_mr(local));
 	EXPECT_EQ(0, qp_pair_destroy(&p));
