@@ -15,7 +15,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -767,6 +769,95 @@ TEST_F_TIMEOUT(odp, fix_a_replayed_read_whose_mr_is_gone_leaves_the_qp_alone,
 	EXPECT_EQ(0, qp_pair_destroy(&p));
 	free(src);
 	free(dst);
+}
+
+#define STALE_TRIALS	3000
+
+/* The walker of fix_no_freed_page_behind_a_failed_fault. */
+struct stale_race {
+	struct ibv_pd *pd;
+	char *page;		/* the page that goes, a PROT_NONE one behind */
+	uint32_t lkey;
+	atomic_int go;		/* the trial the walker may start; -1: exit */
+	atomic_int done;	/* the last trial it finished */
+	unsigned int spin;	/* its delay, to slide it across the zap */
+};
+
+static void *stale_walker(void *arg)
+{
+	struct stale_race *r = arg;
+	volatile unsigned int n;
+	int trial, go;
+
+	for (trial = 1;; trial++) {
+		while ((go = atomic_load(&r->go)) >= 0 && go < trial)
+			sched_yield();
+		if (go < 0)
+			return NULL;
+		for (n = 0; n < r->spin; n++)
+			;
+		/* Stores the page's entry, then fails at the PROT_NONE one. */
+		advise_mr(r->pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE,
+			  IBV_ADVISE_MR_FLAG_FLUSH, (uintptr_t)r->page,
+			  2 * 4096, r->lkey);
+		atomic_store(&r->done, trial);
+	}
+}
+
+/*
+ * ib_umem_odp_map_dma_and_lock() let hmm_range_fault() store into the
+ * umem's page list without umem_mutex, and rxe takes an entry marked
+ * valid for a page it may copy to and from. A walk that reads a PTE after
+ * an invalidation cleared its entry but before the PTE is zapped stores
+ * the old page back; when the walk then fails (here at a PROT_NONE page
+ * behind it), nothing clears that entry, and the next access through the
+ * MR copies from a freed page. A prefetch thread races MADV_DONTNEED of a
+ * page; then the page gets new bytes from user space, and an RDMA READ
+ * through the MR must return them.
+ */
+TEST_F_TIMEOUT(odp, fix_no_freed_page_behind_a_failed_fault, 300)
+{
+	char *buf = mmap(NULL, 2 * 4096, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	struct stale_race r = { .pd = self->pd, .page = buf };
+	unsigned int trial, seed = 1;
+	char want[4096];
+	struct ibv_mr *mr;
+	pthread_t walker;
+	int status;
+
+	ASSERT_NE(MAP_FAILED, buf);
+	ASSERT_EQ(0, mprotect(buf + 4096, 4096, PROT_NONE));
+	memset(buf, 1, 4096);
+	mr = ibv_reg_mr(self->pd, buf, 2 * 4096,
+			ODP_REMOTE & ~IBV_ACCESS_REMOTE_ATOMIC);
+	ASSERT_NE(NULL, mr) TH_LOG("ibv_reg_mr: %s", strerror(errno));
+	r.lkey = mr->lkey;
+	ASSERT_EQ(0, pthread_create(&walker, NULL, stale_walker, &r));
+
+	for (trial = 1; trial <= STALE_TRIALS; trial++) {
+		memset(buf, 2 + trial % 200, 4096);
+		r.spin = rand_r(&seed) % 4000;
+		atomic_store(&r.go, (int)trial);
+		madvise(buf, 4096, MADV_DONTNEED);
+		while (atomic_load(&r.done) < (int)trial)
+			sched_yield();
+		memset(want, 0x80 | trial, sizeof(want));
+		memcpy(buf, want, sizeof(want));
+		status = rdma(&self->l, IBV_WR_RDMA_READ, (uintptr_t)buf,
+			      mr->rkey, 4096);
+		if (status != IBV_WC_SUCCESS ||
+		    memcmp(self->l.local_buf, want, sizeof(want)))
+			break;
+	}
+	atomic_store(&r.go, -1);
+	pthread_join(walker, NULL);
+	ASSERT_EQ(IBV_WC_SUCCESS, status) TH_LOG("trial %u", trial);
+	EXPECT_EQ(0, memcmp(self->l.local_buf, want, sizeof(want)))
+		TH_LOG("REPRODUCED: trial %u: the READ returned bytes of a page the MR no longer maps",
+		       trial);
+	EXPECT_EQ(0, ibv_dereg_mr(mr));
+	munmap(buf, 2 * 4096);
 }
 
 /*
