@@ -781,14 +781,19 @@ struct stale_race {
 	atomic_int go;		/* the trial the walker may start; -1: exit */
 	atomic_int done;	/* the last trial it finished */
 	unsigned int spin;	/* its delay, to slide it across the zap */
+	int err;		/* what its last prefetch returned */
 };
 
 static void *stale_walker(void *arg)
 {
 	struct stale_race *r = arg;
 	volatile unsigned int n;
+	cpu_set_t cpu;
 	int trial, go;
 
+	CPU_ZERO(&cpu);
+	CPU_SET(1, &cpu);
+	sched_setaffinity(0, sizeof(cpu), &cpu);
 	for (trial = 1;; trial++) {
 		while ((go = atomic_load(&r->go)) >= 0 && go < trial)
 			sched_yield();
@@ -797,9 +802,9 @@ static void *stale_walker(void *arg)
 		for (n = 0; n < r->spin; n++)
 			;
 		/* Stores the page's entry, then fails at the PROT_NONE one. */
-		advise_mr(r->pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE,
-			  IBV_ADVISE_MR_FLAG_FLUSH, (uintptr_t)r->page,
-			  2 * 4096, r->lkey);
+		r->err = advise_mr(r->pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE,
+				   IBV_ADVISE_MR_FLAG_FLUSH,
+				   (uintptr_t)r->page, 2 * 4096, r->lkey);
 		atomic_store(&r->done, trial);
 	}
 }
@@ -811,22 +816,33 @@ static void *stale_walker(void *arg)
  * an invalidation cleared its entry but before the PTE is zapped stores
  * the old page back; when the walk then fails (here at a PROT_NONE page
  * behind it), nothing clears that entry, and the next access through the
- * MR copies from a freed page. A prefetch thread races MADV_DONTNEED of a
- * page; then the page gets new bytes from user space, and an RDMA READ
+ * MR copies from a freed page. A prefetch thread on the other CPU races
+ * MADV_DONTNEED of a page; a new scratch page takes the freed page (else
+ * the page's next fault may get it back, and a stale entry would name the
+ * right page), the page gets new bytes from user space, and an RDMA READ
  * through the MR must return them.
  */
 TEST_F_TIMEOUT(odp, fix_no_freed_page_behind_a_failed_fault, 300)
 {
 	char *buf = mmap(NULL, 2 * 4096, PROT_READ | PROT_WRITE,
 			 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	char *scratch = map_anon(STALE_TRIALS * 4096UL);
 	struct stale_race r = { .pd = self->pd, .page = buf };
 	unsigned int trial, seed = 1;
+	cpu_set_t cpu, all;
 	char want[4096];
 	struct ibv_mr *mr;
 	pthread_t walker;
-	int status;
+	int status = -1, madv = 0;
 
+	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
+		SKIP(return, "the race needs two CPUs");
 	ASSERT_NE(MAP_FAILED, buf);
+	ASSERT_NE(NULL, scratch);
+	ASSERT_EQ(0, sched_getaffinity(0, sizeof(all), &all));
+	CPU_ZERO(&cpu);
+	CPU_SET(0, &cpu);
+	ASSERT_EQ(0, sched_setaffinity(0, sizeof(cpu), &cpu));
 	ASSERT_EQ(0, mprotect(buf + 4096, 4096, PROT_NONE));
 	memset(buf, 1, 4096);
 	mr = ibv_reg_mr(self->pd, buf, 2 * 4096,
@@ -839,9 +855,14 @@ TEST_F_TIMEOUT(odp, fix_no_freed_page_behind_a_failed_fault, 300)
 		memset(buf, 2 + trial % 200, 4096);
 		r.spin = rand_r(&seed) % 4000;
 		atomic_store(&r.go, (int)trial);
-		madvise(buf, 4096, MADV_DONTNEED);
+		madv = madvise(buf, 4096, MADV_DONTNEED) ? errno : 0;
+		if (madv)
+			break;
+		scratch[(trial - 1) * 4096UL] = 1;	/* a new page each time */
 		while (atomic_load(&r.done) < (int)trial)
 			sched_yield();
+		if (r.err != EFAULT)
+			break;
 		memset(want, 0x80 | trial, sizeof(want));
 		memcpy(buf, want, sizeof(want));
 		status = rdma(&self->l, IBV_WR_RDMA_READ, (uintptr_t)buf,
@@ -852,12 +873,17 @@ TEST_F_TIMEOUT(odp, fix_no_freed_page_behind_a_failed_fault, 300)
 	}
 	atomic_store(&r.go, -1);
 	pthread_join(walker, NULL);
+	EXPECT_EQ(0, sched_setaffinity(0, sizeof(all), &all));
+	ASSERT_EQ(0, madv) TH_LOG("madvise: %s", strerror(madv));
+	ASSERT_EQ(EFAULT, r.err)
+		TH_LOG("trial %u: the prefetch did not fail at the PROT_NONE page", trial);
 	ASSERT_EQ(IBV_WC_SUCCESS, status) TH_LOG("trial %u", trial);
 	EXPECT_EQ(0, memcmp(self->l.local_buf, want, sizeof(want)))
 		TH_LOG("REPRODUCED: trial %u: the READ returned bytes of a page the MR no longer maps",
 		       trial);
 	EXPECT_EQ(0, ibv_dereg_mr(mr));
 	munmap(buf, 2 * 4096);
+	munmap(scratch, STALE_TRIALS * 4096UL);
 }
 
 /*
