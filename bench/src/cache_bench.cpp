@@ -99,6 +99,14 @@ public:
 				    : "ODP: the MR follows the mapping, nothing to invalidate";
 	}
 	odpwatch_cache *get_cache() const { return c_.get(); }
+	std::string counters() const override
+	{
+		odpwatch_cache_stats st{};
+		if (odpwatch_cache_query(c_.get(), &st) || !st.deregistrations)
+			return {};
+		return std::to_string(st.deferred) + " of " + std::to_string(st.deregistrations) +
+		       " deregistrations on the cache's thread";
+	}
 
 private:
 	Cache c_;

@@ -79,10 +79,12 @@ namespace
 void add_reuse_row(Report &rep, const std::string &w, CacheUnderTest &c, const Spread &s,
 		   uint64_t stale, uint64_t uses)
 {
+	const std::string counters = c.counters();
 	rep.add({kReuseGroup, w, c.name(), s, "no cache/" + w,
-		 c.pins_pages() ? std::to_string(stale) + " of " + std::to_string(uses) +
-					  " stale registrations handed out; " + c.how()
-				: c.how()});
+		 (c.pins_pages() ? std::to_string(stale) + " of " + std::to_string(uses) +
+					   " stale registrations handed out; " + c.how()
+				 : c.how()) +
+			 (counters.empty() ? "" : "; " + counters)});
 }
 
 } // namespace

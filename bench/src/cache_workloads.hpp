@@ -45,6 +45,9 @@ public:
 	// the rows that count stale registrations (reuse, stale), not in
 	// the hit rows.
 	virtual void keys_needed(bool) {}
+	// What the cache counted that explains a row (ours: deregistrations
+	// left to its thread); empty if nothing.
+	virtual std::string counters() const { return {}; }
 };
 
 // Slot i: a fixed address, so a freed buffer's successor can land where it

@@ -561,6 +561,7 @@ void RegCache::reap(std::vector<std::unique_ptr<Entry>> &dead, bool inline_ok) n
 			reaper_ = std::jthread([this](std::stop_token st) { reaper_loop(st); });
 		for (auto &e : dead)
 			reap_q_.push_back(std::move(e));
+		deferred_ += dead.size();
 	} catch (...) {
 		// No thread (or no memory for the queue): deregister here.
 		for (auto &e : dead)
@@ -1205,6 +1206,7 @@ odpwatch_cache_stats RegCache::stats() const
 	s.deregistrations = deregistrations_;
 	s.retries = retries_;
 	s.uncached = uncached_;
+	s.deferred = deferred_;
 	std::shared_lock lock(mu_);
 	s.entries = entries_.size();
 	s.bytes = bytes_;

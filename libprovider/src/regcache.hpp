@@ -204,7 +204,7 @@ private:
 	std::atomic<bool> over_limit_{false};
 	std::atomic<uint64_t> hits_{0}, misses_{0}, invalidations_{0}, evictions_{0};
 	std::atomic<uint64_t> merged_{0}, retries_{0}, uncached_{0};
-	std::atomic<uint64_t> registrations_{0}, deregistrations_{0};
+	std::atomic<uint64_t> registrations_{0}, deregistrations_{0}, deferred_{0};
 };
 
 } // namespace odpwatch

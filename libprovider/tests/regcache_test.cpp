@@ -903,6 +903,9 @@ void hits_release_freed_memory()
 		    pinned, before, (unsigned long)s.entries, (unsigned long)s.misses);
 	CHECK(pinned == before);
 	CHECK(s.entries == 1 && s.misses == 2);
+	// A hit does not deregister, and 64 MiB is more than the callers'
+	// share: the cache's thread did, and says so.
+	CHECK(s.deregistrations == 1 && s.deferred == 1);
 }
 
 // Runs body() in a child without CAP_IPC_LOCK whose RLIMIT_MEMLOCK is

@@ -752,7 +752,7 @@ TEST_F_TIMEOUT(odp, fix_a_replayed_read_whose_mr_is_gone_leaves_the_qp_alone,
 		sent = wait_cq(p.scq, 10000);
 		received = wait_cq(p.rcq, 10000);
 		ASSERT_EQ(IBV_WC_SUCCESS, sent)
-			TH_LOG("REPRODUCED: after READ %u, the SEND completed: %s, its receive: %s (%llu duplicates so far)",
+			TH_LOG("REPRODUCED: after READ %u, SEND: %s, receive: %s (%llu duplicates)",
 			       i, wc_str(sent), wc_str(received),
 			       (unsigned long long)(hw_counter("duplicate_request") - dups));
 		ASSERT_EQ(IBV_WC_SUCCESS, received)
@@ -771,7 +771,9 @@ TEST_F_TIMEOUT(odp, fix_a_replayed_read_whose_mr_is_gone_leaves_the_qp_alone,
 	free(dst);
 }
 
-#define STALE_TRIALS	3000
+#define STALE_TRIALS	20000	/* at most, */
+#define STALE_SECONDS	30	/* and for at most this long */
+#define STALE_SCRATCH	4096	/* pages, freed when all are used */
 
 /* The walker of fix_no_freed_page_behind_a_failed_fault. */
 struct stale_race {
@@ -787,7 +789,7 @@ struct stale_race {
 static void *stale_walker(void *arg)
 {
 	struct stale_race *r = arg;
-	volatile unsigned int n;
+	unsigned int n;
 	cpu_set_t cpu;
 	int trial, go;
 
@@ -799,8 +801,8 @@ static void *stale_walker(void *arg)
 			sched_yield();
 		if (go < 0)
 			return NULL;
-		for (n = 0; n < r->spin; n++)
-			;
+		for (n = 0; n < r->spin; n++)	/* loads the compiler keeps */
+			atomic_load_explicit(&r->go, memory_order_relaxed);
 		/* Stores the page's entry, then fails at the PROT_NONE one. */
 		r->err = advise_mr(r->pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE,
 				   IBV_ADVISE_MR_FLAG_FLUSH,
@@ -826,7 +828,7 @@ TEST_F_TIMEOUT(odp, fix_no_freed_page_behind_a_failed_fault, 300)
 {
 	char *buf = mmap(NULL, 2 * 4096, PROT_READ | PROT_WRITE,
 			 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	char *scratch = map_anon(STALE_TRIALS * 4096UL);
+	char *scratch = map_anon(STALE_SCRATCH * 4096UL);
 	struct stale_race r = { .pd = self->pd, .page = buf };
 	unsigned int trial, seed = 1;
 	cpu_set_t cpu, all;
@@ -834,6 +836,7 @@ TEST_F_TIMEOUT(odp, fix_no_freed_page_behind_a_failed_fault, 300)
 	struct ibv_mr *mr;
 	pthread_t walker;
 	int status = -1, madv = 0;
+	struct timespec t0, t;
 
 	if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
 		SKIP(return, "the race needs two CPUs");
@@ -851,14 +854,22 @@ TEST_F_TIMEOUT(odp, fix_no_freed_page_behind_a_failed_fault, 300)
 	r.lkey = mr->lkey;
 	ASSERT_EQ(0, pthread_create(&walker, NULL, stale_walker, &r));
 
+	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (trial = 1; trial <= STALE_TRIALS; trial++) {
+		if (trial % 1000 == 0) {
+			clock_gettime(CLOCK_MONOTONIC, &t);
+			if (t.tv_sec - t0.tv_sec >= STALE_SECONDS)
+				break;
+		}
 		memset(buf, 2 + trial % 200, 4096);
 		r.spin = rand_r(&seed) % 4000;
 		atomic_store(&r.go, (int)trial);
 		madv = madvise(buf, 4096, MADV_DONTNEED) ? errno : 0;
 		if (madv)
 			break;
-		scratch[(trial - 1) * 4096UL] = 1;	/* a new page each time */
+		if (trial % STALE_SCRATCH == 0)
+			madvise(scratch, STALE_SCRATCH * 4096UL, MADV_DONTNEED);
+		scratch[(trial % STALE_SCRATCH) * 4096UL] = 1; /* a new page */
 		while (atomic_load(&r.done) < (int)trial)
 			sched_yield();
 		if (r.err != EFAULT)
@@ -879,11 +890,12 @@ TEST_F_TIMEOUT(odp, fix_no_freed_page_behind_a_failed_fault, 300)
 		TH_LOG("trial %u: the prefetch did not fail at the PROT_NONE page", trial);
 	ASSERT_EQ(IBV_WC_SUCCESS, status) TH_LOG("trial %u", trial);
 	EXPECT_EQ(0, memcmp(self->l.local_buf, want, sizeof(want)))
-		TH_LOG("REPRODUCED: trial %u: the READ returned bytes of a page the MR no longer maps",
+		TH_LOG("REPRODUCED: trial %u: the READ read a page the MR no longer maps",
 		       trial);
+	TH_LOG("%u trials", trial - 1);
 	EXPECT_EQ(0, ibv_dereg_mr(mr));
 	munmap(buf, 2 * 4096);
-	munmap(scratch, STALE_TRIALS * 4096UL);
+	munmap(scratch, STALE_SCRATCH * 4096UL);
 }
 
 /*

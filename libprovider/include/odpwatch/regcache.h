@@ -77,7 +77,9 @@ struct odpwatch_cache_stats {
 	uint64_t retries; /* registrations tried again after ENOMEM made room (up to 2 a get) */
 	/* gets served uncached: AUTO with neither ODP nor memwatch */
 	uint64_t uncached;
-	uint64_t reserved[5];
+	/* of the deregistrations, those left to the cache's thread */
+	uint64_t deferred;
+	uint64_t reserved[4];
 };
 
 struct odpwatch_cache;
