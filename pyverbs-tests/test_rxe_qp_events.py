@@ -5,6 +5,9 @@ the QP goes to the error state. (The other two rules an RDMA library's
 teardown relies on, one Last WQE Reached event per entry into the error
 state and a retry count of 7 that runs out, are kselftests of the rdma
 fixes: rxe_odp_data's fix_* cases, run on the vanilla base too.)"""
+import contextlib
+import os
+
 import pytest
 import pyverbs.enums as e
 from pyverbs.mr import MR
@@ -12,7 +15,8 @@ from pyverbs.qp import QPAttr
 from pyverbs.srq import SRQ, SrqAttr, SrqInitAttr
 from pyverbs.wr import RecvWR, SGE, SendWR
 
-from conftest import LoopbackQP, async_events, mmap_anon, munmap, next_completion
+from conftest import (PROT_RW, LoopbackQP, async_events, libc, mmap_anon, munmap,
+                      next_completion)
 
 
 @pytest.fixture
@@ -22,42 +26,81 @@ def local(pd):
     mr.close()
 
 
+MAP_SHARED = 0x01
+REMOTE = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
+
+
+@contextlib.contextmanager
+def write_target(pd, kind):
+    """An MR a WRITE with immediate fails on, and the (rkey, address) that
+    makes it fail: @kind names how (review M1: every error of the
+    responder's checks and copy, pinned or ODP)."""
+    if kind == "copy-failure":
+        # ODP over a shared mapping of a 4 KiB memfd: past its end, no
+        # page can ever be faulted in, so the copy fails for good.
+        fd = os.memfd_create("m1-past-eof")
+        os.ftruncate(fd, 4096)
+        buf = libc.mmap(None, 16384, PROT_RW, MAP_SHARED, fd, 0)
+        mr = MR(pd, 16384, REMOTE | e.IBV_ACCESS_ON_DEMAND, address=buf)
+        try:
+            yield mr.rkey, buf + 8192
+        finally:
+            mr.close()
+            munmap(buf, 16384)
+            os.close(fd)
+        return
+    odp = kind.startswith("odp-")
+    mr = MR(pd, 4096, REMOTE | (e.IBV_ACCESS_ON_DEMAND if odp else 0))
+    try:
+        if kind.endswith("bad-rkey"):
+            yield mr.rkey ^ 1, mr.buf
+        else:  # length: 64 bytes from 32 before the MR's end
+            yield mr.rkey, mr.buf + 4096 - 32
+    finally:
+        mr.close()
+
+
+@pytest.mark.parametrize("kind", ["bad-rkey", "length", "odp-bad-rkey", "odp-length",
+                                  "copy-failure"])
 @pytest.mark.parametrize("receives", [1, 0], ids=["srq-with-a-receive", "srq-empty"])
-def test_write_with_imm_error_on_an_srq_reaches_the_responder(ctx, pd, local, receives):
+def test_write_with_imm_error_on_an_srq_reaches_the_responder(ctx, pd, local, receives, kind):
     """C9-222.1: a responder's error must reach its application, in a
     completion of the receive the request would have consumed or, when it
     has none, as an async event. A WRITE with immediate takes its receive
     from an SRQ only after the rkey and length checks (an ODP fault there
     answers RNR and a receive taken from an SRQ cannot be given back): a
     bad rkey then completed nothing and raised nothing, and the responder's
-    QP went to the error state silently (review M1)."""
+    QP went to the error state silently (review M1). The same for a length
+    beyond the MR and a copy that fails for good, pinned and ODP."""
     srq = SRQ(pd, SrqInitAttr(SrqAttr(max_wr=4, max_sge=1)))
     sender, receiver = LoopbackQP(ctx, pd, connect=False), LoopbackQP(ctx, pd, connect=False,
                                                                       srq=srq)
     sender.connect(receiver.qp.qp_num)
     receiver.connect(sender.qp.qp_num)
-    dst = MR(pd, 4096, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE)
+    sink = MR(pd, 4096, e.IBV_ACCESS_LOCAL_WRITE)
     for i in range(receives):
-        srq.post_recv(RecvWR(wr_id=70 + i, num_sge=1, sg=[SGE(dst.buf, 64, dst.lkey)]))
+        srq.post_recv(RecvWR(wr_id=70 + i, num_sge=1, sg=[SGE(sink.buf, 64, sink.lkey)]))
     assert async_events(ctx, 0) == [], "events before the test"
 
-    wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=1, imm_data=0x1234,
-                sg=[SGE(local.buf, 64, local.lkey)])
-    wr.set_wr_rdma(dst.rkey ^ 1, dst.buf)
-    sender.qp.post_send(wr)
-    assert sender.wait(timeout=30) == e.IBV_WC_REM_ACCESS_ERR
+    with write_target(pd, kind) as (rkey, addr):
+        wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=1, imm_data=0x1234,
+                    sg=[SGE(local.buf, 64, local.lkey)])
+        wr.set_wr_rdma(rkey, addr)
+        sender.qp.post_send(wr)
+        assert sender.wait(timeout=60) == e.IBV_WC_REM_ACCESS_ERR
 
-    events = async_events(ctx, 2)
-    if receives:
-        try:
-            status = receiver.wait(timeout=10)
-        except TimeoutError:
-            pytest.fail(f"no completion on the responder (async events: {events})")
-        assert status == e.IBV_WC_REM_ACCESS_ERR, status
-        assert e.IBV_EVENT_QP_ACCESS_ERR not in events, events
-    else:
-        assert e.IBV_EVENT_QP_ACCESS_ERR in events, \
-            f"no completion to carry the error and no access error event: {events}"
+        events = async_events(ctx, 2)
+        if receives:
+            try:
+                status = receiver.wait(timeout=10)
+            except TimeoutError:
+                pytest.fail(f"no completion on the responder (async events: {events})")
+            assert status == e.IBV_WC_REM_ACCESS_ERR, status
+            assert e.IBV_EVENT_QP_ACCESS_ERR not in events, events
+        else:
+            assert e.IBV_EVENT_QP_ACCESS_ERR in events, \
+                f"no completion to carry the error and no access error event: {events}"
+    sink.close()
 
 
 def test_srq_receive_held_across_an_rnr_nak_is_flushed_with_the_qp(ctx, pd):
