@@ -303,6 +303,48 @@ def test_first_read_response_built_again_is_the_first(ctx, pd, size):
         munmap(dst, length)
 
 
+@pytest.mark.skipif(not os.path.isdir(FAIL_MAP),
+                    reason="no fail_rxe_odp_map: kernel without CONFIG_FAULT_INJECTION_DEBUG_FS "
+                           "(the debug kernel runs this)")
+@pytest.mark.parametrize("op", ["fetch-add", "compare-swap"])
+def test_atomic_survives_a_transient_fault(ctx, pd, op):
+    """An atomic on an ODP MR whose pages are present but whose mapping
+    fails as an invalidation racing with it would (rxe review M5): it has
+    not been carried out, so the responder answers RNR and the requester
+    sends it again, as for a WRITE, instead of ending both QPs with a
+    remote access error. It is carried out once, on the right word."""
+    requester, _responder = LoopbackQP.pair(ctx, pd)
+    target = mmap_anon(4096)
+    ctypes.memmove(target + 64, (40).to_bytes(8, "little"), 8)
+    odp = MR(pd, 4096, e.IBV_ACCESS_ON_DEMAND | e.IBV_ACCESS_LOCAL_WRITE |
+             e.IBV_ACCESS_REMOTE_ATOMIC, address=target)
+    local = MR(pd, 4096, e.IBV_ACCESS_LOCAL_WRITE)
+    try:
+        if op == "fetch-add":
+            wr = SendWR(opcode=e.IBV_WR_ATOMIC_FETCH_AND_ADD, num_sge=1,
+                        sg=[SGE(local.buf, 8, local.lkey)])
+            wr.set_wr_atomic(rkey=odp.rkey, addr=target + 64, compare_add=2, swap=0)
+        else:
+            wr = SendWR(opcode=e.IBV_WR_ATOMIC_CMP_AND_SWP, num_sge=1,
+                        sg=[SGE(local.buf, 8, local.lkey)])
+            wr.set_wr_atomic(rkey=odp.rkey, addr=target + 64, compare_add=40, swap=42)
+        rnr = hw_counter("send_rnr_err")
+        with fail_rxe_odp_map(1) as injected:
+            requester.qp.post_send(wr)
+            status = requester.wait(timeout=60)
+            n = injected()
+        assert n == 1, f"{n} mapping failures injected, not 1"
+        assert status == e.IBV_WC_SUCCESS, f"the atomic ended with status {status}"
+        assert int.from_bytes(local.read(8, 0), "little") == 40, "the old value"
+        assert int.from_bytes(ctypes.string_at(target + 64, 8), "little") == 42, \
+            "carried out once"
+        assert hw_counter("send_rnr_err") > rnr, "no RNR NAK answered the failed mapping"
+    finally:
+        local.close()
+        odp.close()
+        munmap(target, 4096)
+
+
 # How a 16 KiB receive is laid out (pieces of (offset, length, kind)), and
 # which ODP mapping fail_rxe_odp_map fails: one packet of 1 KiB is one
 # mapping of one ODP piece.
