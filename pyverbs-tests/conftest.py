@@ -10,6 +10,7 @@ import pyverbs.enums as e
 from pyverbs.addr import AHAttr, GlobalRoute
 from pyverbs.cq import CQ
 from pyverbs.device import Context
+from pyverbs.mr import MR
 from pyverbs.pd import PD
 from pyverbs.qp import QP, QPAttr, QPCap, QPEx, QPInitAttr, QPInitAttrEx
 from pyverbs.wr import RecvWR, SGE, SendWR
@@ -128,6 +129,31 @@ class LoopbackQP:
         self.qp.post_send(SendWR(opcode=e.IBV_WR_SEND, num_sge=1,
                                  sg=[SGE(src_addr, length, src_mr.lkey)]))
         return self.wait(), self.wait()
+
+
+MAP_SHARED = 0x01
+
+
+@contextlib.contextmanager
+def odp_mr_past_a_files_end(pd, length, access):
+    """An ODP MR (@access) over @length bytes of a shared mapping of a 4 KiB
+    memfd: from offset 4096 on, its pages can never be faulted in. Yields
+    (buf, mr)."""
+    fd = os.memfd_create("odp-past-eof")
+    buf = None
+    try:
+        os.ftruncate(fd, 4096)
+        buf = libc.mmap(None, length, PROT_RW, MAP_SHARED, fd, 0)
+        assert buf not in (None, MAP_FAILED)
+        mr = MR(pd, length, access, address=buf)
+        try:
+            yield buf, mr
+        finally:
+            mr.close()
+    finally:
+        if buf:
+            munmap(buf, length)
+        os.close(fd)
 
 
 def hw_counter(name):

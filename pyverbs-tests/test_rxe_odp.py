@@ -24,7 +24,8 @@ from pyverbs.wr import SGE, RecvWR, SendWR
 
 from conftest import (CGROUP_ROOT, MADV_NOHUGEPAGE, MAP_ANONYMOUS, MAP_FAILED, MAP_HUGETLB,
                       MAP_PRIVATE, PROT_RW, LoopbackQP, assert_bytes, async_event, hw_counter,
-                      libc, madvise, madvise_dontneed, memory_cgroup, mmap_anon, munmap)
+                      libc, madvise, madvise_dontneed, memory_cgroup, mmap_anon, munmap,
+                      odp_mr_past_a_files_end)
 from rxe_env import mr_counters
 
 LEN = 64 * 1024
@@ -478,29 +479,7 @@ def test_implicit_mr_outliving_its_process(ctx, pd, local):
         owner.wait()
 
 
-MAP_SHARED = 0x01
 MAX_TRANSIENT = 16  # RXE_ODP_MAX_TRANSIENT: failed faults at one address answered RNR
-
-
-@contextlib.contextmanager
-def odp_mr_past_a_files_end(pd):
-    """An ODP MR over LEN bytes of a shared mapping of a 4 KiB memfd: from
-    offset 4096 on, its pages can never be faulted in. Yields (buf, mr)."""
-    fd = os.memfd_create("odp-past-eof")
-    buf = None
-    try:
-        os.ftruncate(fd, 4096)
-        buf = libc.mmap(None, LEN, PROT_RW, MAP_SHARED, fd, 0)
-        assert buf not in (None, MAP_FAILED)
-        mr = MR(pd, LEN, ODP, address=buf)
-        try:
-            yield buf, mr
-        finally:
-            mr.close()
-    finally:
-        if buf:
-            munmap(buf, LEN)
-        os.close(fd)
 
 
 def test_fault_past_a_files_end_is_a_remote_access_error(ctx, pd, local):
@@ -510,7 +489,7 @@ def test_fault_past_a_files_end_is_a_remote_access_error(ctx, pd, local):
     times in a row, then reports the remote access error that an unmapped
     address gets at once. Without the bound the WRITE would never end."""
     requester, _responder = LoopbackQP.pair(ctx, pd)
-    with odp_mr_past_a_files_end(pd) as (buf, mr):
+    with odp_mr_past_a_files_end(pd, LEN, ODP) as (buf, mr):
         rnr0 = hw_counter("rcvd_rnr_err")
         status = requester.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, 4096,
                                 mr, buf + 8192, timeout=120)
@@ -527,7 +506,7 @@ def test_two_qps_faulting_past_a_files_end_both_get_the_error(ctx, pd, local):
     other's count, and both WRITEs were answered RNR forever.)"""
     pairs = [LoopbackQP.pair(ctx, pd) for _ in range(2)]  # both ends kept alive
     qps = [requester for requester, _ in pairs]
-    with odp_mr_past_a_files_end(pd) as (buf, mr):
+    with odp_mr_past_a_files_end(pd, LEN, ODP) as (buf, mr):
         for i, q in enumerate(qps):
             wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1,
                         sg=[SGE(local.buf + i * 4096, 4096, local.lkey)])

@@ -6,7 +6,6 @@ teardown relies on, one Last WQE Reached event per entry into the error
 state and a retry count of 7 that runs out, are kselftests of the rdma
 fixes: rxe_odp_data's fix_* cases, run on the vanilla base too.)"""
 import contextlib
-import os
 
 import pytest
 import pyverbs.enums as e
@@ -15,8 +14,8 @@ from pyverbs.qp import QPAttr
 from pyverbs.srq import SRQ, SrqAttr, SrqInitAttr
 from pyverbs.wr import RecvWR, SGE, SendWR
 
-from conftest import (PROT_RW, LoopbackQP, async_events, libc, mmap_anon, munmap,
-                      next_completion)
+from conftest import (LoopbackQP, async_events, mmap_anon, munmap, next_completion,
+                      odp_mr_past_a_files_end)
 
 
 @pytest.fixture
@@ -26,7 +25,6 @@ def local(pd):
     mr.close()
 
 
-MAP_SHARED = 0x01
 REMOTE = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
 
 
@@ -35,19 +33,9 @@ def write_target(pd, kind):
     """An MR a WRITE with immediate fails on, and the (rkey, address) that
     makes it fail: @kind names how (review M1: every error of the
     responder's checks and copy, pinned or ODP)."""
-    if kind == "copy-failure":
-        # ODP over a shared mapping of a 4 KiB memfd: past its end, no
-        # page can ever be faulted in, so the copy fails for good.
-        fd = os.memfd_create("m1-past-eof")
-        os.ftruncate(fd, 4096)
-        buf = libc.mmap(None, 16384, PROT_RW, MAP_SHARED, fd, 0)
-        mr = MR(pd, 16384, REMOTE | e.IBV_ACCESS_ON_DEMAND, address=buf)
-        try:
+    if kind == "copy-failure":  # past the file's end no page can come in
+        with odp_mr_past_a_files_end(pd, 16384, REMOTE | e.IBV_ACCESS_ON_DEMAND) as (buf, mr):
             yield mr.rkey, buf + 8192
-        finally:
-            mr.close()
-            munmap(buf, 16384)
-            os.close(fd)
         return
     odp = kind.startswith("odp-")
     mr = MR(pd, 4096, REMOTE | (e.IBV_ACCESS_ON_DEMAND if odp else 0))
