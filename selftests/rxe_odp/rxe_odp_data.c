@@ -477,6 +477,14 @@ static int wait_cq(struct ibv_cq *cq, long ms)
 	return -1;
 }
 
+/* A status of wait_cq() or post_wait() in words. */
+static const char *wc_str(int status)
+{
+	if (status == -1)
+		return "no completion";
+	return status < 0 ? "ibv_poll_cq failed" : ibv_wc_status_str(status);
+}
+
 /* A sender and a receiver RC QP, each completing to a CQ of its own. */
 struct qp_pair {
 	struct ibv_cq *scq, *rcq;
@@ -573,8 +581,7 @@ TEST_F_TIMEOUT(odp, fix_rnr_waits_leave_the_retry_count_alone, 120)
 		status = wait_cq(p.scq, 8000);
 		ASSERT_EQ(-1, status)
 			TH_LOG("REPRODUCED: retry_cnt %u: a SEND completed (%s) before any receive",
-			       retry_cnts[i], status < 0 ? "ibv_poll_cq failed" :
-			       ibv_wc_status_str(status));
+			       retry_cnts[i], wc_str(status));
 		for (j = 0; j < RNR_SENDS; j++) {
 			rsge = (struct ibv_sge){ (uintptr_t)dst + j * 64, 64,
 						 self->l.local->lkey };
@@ -624,15 +631,7 @@ TEST_F_TIMEOUT(odp, fix_retry_count_7_is_seven_retries_not_forever, 90)
 	ASSERT_NE(-1, status)
 		TH_LOG("REPRODUCED: no completion in 30 s: retry_cnt 7 retried for ever");
 	EXPECT_EQ(IBV_WC_RETRY_EXC_ERR, status)
-		TH_LOG("%s", status < 0 ? "ibv_poll_cq failed" :
-		       ibv_wc_status_str(status));
-}
-
-static const char *wc_str(int status)
-{
-	if (status == -1)
-		return "no completion";
-	return status < 0 ? "ibv_poll_cq failed" : ibv_wc_status_str(status);
+		TH_LOG("%s", wc_str(status));
 }
 
 /* wait_cq() without a sleep: the caller races the responder. */
