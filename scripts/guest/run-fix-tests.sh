@@ -1,11 +1,11 @@
 #!/bin/sh
-# The fix_* cases of the rxe_odp kselftest (the bugs the rdma fixes series
+# The fix_* cases of the rxe ODP kselftest (the bugs the rdma fixes series
 # fixes) on the kernel this guest booted: the vanilla base or the base with
 # the fixes. The verdict is collect-results.py's: each case must fail on
 # vanilla and pass with the fixes.
 #   run-fix-tests.sh vanilla|fixes OUTDIR
 kind=$1 out=$2
-bin=/out/guest/selftests/rxe_odp/rxe_odp_data
+bin=/out/guest/selftests/rdma/rxe_odp_data
 mkdir -p "$out"
 uname -r >"$out/kernel"
 # The plan: every case run here must leave a result (collect-results.py);
