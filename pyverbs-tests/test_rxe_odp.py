@@ -29,6 +29,7 @@ from conftest import (CGROUP_ROOT, MADV_NOHUGEPAGE, MAP_ANONYMOUS, MAP_FAILED, M
 from rxe_env import mr_counters
 
 LEN = 64 * 1024
+PR_SET_THP_DISABLE = 41
 HUGE = 2 << 20
 ODP = (e.IBV_ACCESS_ON_DEMAND | e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE |
        e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_ATOMIC)
@@ -458,8 +459,13 @@ def test_implicit_mr_outliving_its_process(ctx, pd, local, touched):
     their interval notifiers). Each child holds the mm through its own
     notifier, so the mm can only be freed under the MR when it has no child:
     never touched, or touched and its child reaped after the exit."""
+    # Without THP, so that khugepaged holds no reference on the owner's mm
+    # (it keeps one until its next scan when the owner exits under it); in
+    # a session of its own, so that no holder outlives a failed test.
     owner = subprocess.Popen([sys.executable, "-c", IMPLICIT_OWNER, __file__],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             start_new_session=True,
+                             preexec_fn=lambda: libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0))
     holder = None
     try:
         qpn, rkey, buf = (int(x) for x in owner.stdout.readline().split())
@@ -487,8 +493,9 @@ def test_implicit_mr_outliving_its_process(ctx, pd, local, touched):
                            timeout=120)
         assert status == e.IBV_WC_REM_ACCESS_ERR, f"status {status}"
     finally:
+        with contextlib.suppress(ProcessLookupError):  # the holder, if any
+            os.killpg(owner.pid, signal.SIGKILL)
         if holder:  # not our child (init reaps it): wait for it to go
-            os.kill(holder, signal.SIGKILL)
             for _ in range(600):
                 if not os.path.exists(f"/proc/{holder}"):
                     break

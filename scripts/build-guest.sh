@@ -13,20 +13,23 @@ selftests=$(cd "$TOP/selftests" && find . -mindepth 1 -maxdepth 1 -type d -print
 mkdir -p "$OUT/guest"
 run() { "$TOP/scripts/in-chroot.sh" "$rootfs" "$ksrc" "$kbuild" -- "$@"; }
 
+# HAVE_LIBIBVERBS=y: the rxe ODP tests are built for real or the build fails
+# (never the stubs that skip where libibverbs is missing).
 log "guest: kselftests ($selftests)"
 rm -rf "$OUT/guest/selftests"
 run_with_progress "guest: kselftests" "$OUT/guest/selftests-build.log" last_line \
-	run make -s -C /kernel/src/tools/testing/selftests TARGETS="$selftests" \
+	run make -s -C /kernel/src/tools/testing/selftests TARGETS="$selftests" HAVE_LIBIBVERBS=y \
 	O=/out/guest/selftests-build KHDR_INCLUDES="-isystem /kernel/build/usr/include" \
 	INSTALL_PATH=/out/guest/selftests install ||
 	{ tail -30 "$OUT/guest/selftests-build.log" >&2; die "kselftest build failed; log: $OUT/guest/selftests-build.log"; }
 
-# The base kernel's own mm kselftests (upstream's, untouched by our series),
-# installed apart: configs/upstream-kselftests.list says which run.
+# The base kernel's own mm and rdma kselftests, installed apart:
+# configs/upstream-kselftests.list says which run (rdma's build brings our
+# rxe_odp_* binaries along; the list leaves them to the selftests suite).
 log "guest: upstream mm and rdma kselftests"
 rm -rf "$OUT/guest/upstream-kselftests"
 run_with_progress "guest: upstream mm and rdma kselftests" "$OUT/guest/upstream-kselftests-build.log" last_line \
-	run make -s -j"$(nproc)" -C /kernel/src/tools/testing/selftests TARGETS="mm rdma" \
+	run make -s -j"$(nproc)" -C /kernel/src/tools/testing/selftests TARGETS="mm rdma" HAVE_LIBIBVERBS=y \
 	O=/out/guest/upstream-kselftests-build KHDR_INCLUDES="-isystem /kernel/build/usr/include" \
 	INSTALL_PATH=/out/guest/upstream-kselftests install ||
 	{ tail -30 "$OUT/guest/upstream-kselftests-build.log" >&2; die "upstream mm and rdma kselftests do not build; log: $OUT/guest/upstream-kselftests-build.log"; }

@@ -46,7 +46,9 @@ FIXTURE_SETUP(bad)
 	struct start *s = &self->s;
 
 	s->ctx = open_device(rdma_dev_name());
-	ASSERT_NE(NULL, s->ctx);
+	/* The device is the caller's to make (rdma link add). */
+	if (!s->ctx)
+		SKIP(return, "no RDMA device %s", rdma_dev_name());
 	s->pd = ibv_alloc_pd(s->ctx);
 	s->other_pd = ibv_alloc_pd(s->ctx);
 	ASSERT_NE(NULL, s->pd);

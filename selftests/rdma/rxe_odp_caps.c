@@ -28,7 +28,9 @@ FIXTURE_SETUP(rxe)
 	const char *name = rdma_dev_name();
 
 	self->ctx = open_device(name);
-	ASSERT_NE(NULL, self->ctx) TH_LOG("no RDMA device %s", name);
+	/* The device is the caller's to make (rdma link add). */
+	if (!self->ctx)
+		SKIP(return, "no RDMA device %s", name);
 	ASSERT_EQ(0, ibv_query_device_ex(self->ctx, NULL, &self->attr));
 	self->pd = ibv_alloc_pd(self->ctx);
 	ASSERT_NE(NULL, self->pd);

@@ -138,7 +138,9 @@ FIXTURE_SETUP(odp)
 	};
 
 	self->ctx = open_device(name);
-	ASSERT_NE(NULL, self->ctx) TH_LOG("no RDMA device %s", name);
+	/* The device is the caller's to make (rdma link add). */
+	if (!self->ctx)
+		SKIP(return, "no RDMA device %s", name);
 	self->pd = ibv_alloc_pd(self->ctx);
 	ASSERT_NE(NULL, self->pd);
 	self->l.cq = ibv_create_cq(self->ctx, 8, NULL, NULL, 0);
@@ -270,9 +272,9 @@ TEST_F(odp, iova_not_address)
 	memcpy(buf + 4096, &(uint64_t){ 40 }, 8);
 	ASSERT_EQ(IBV_WC_SUCCESS, fetch_add(&self->l, IOVA + 4096, mr->rkey, 2));
 	memcpy(&v, self->l.local_buf, 8);
-	EXPECT_EQ(40, v);
+	EXPECT_EQ(40ULL, v);
 	memcpy(&v, buf + 4096, 8);
-	EXPECT_EQ(42, v);
+	EXPECT_EQ(42ULL, v);
 
 	EXPECT_EQ(0, ibv_dereg_mr(mr));
 	munmap(buf, LEN);
@@ -760,7 +762,7 @@ TEST_F_TIMEOUT(odp, fix_a_replayed_read_whose_mr_is_gone_leaves_the_qp_alone,
 			       wc_str(received));
 		ASSERT_EQ(0, memcmp(msg + 4096, msg, 64));
 	}
-	EXPECT_LT(0, replays)
+	EXPECT_LT(0ULL, replays)
 		TH_LOG("no READ was sent twice in %u rounds: the test did not reach the replay",
 		       i);
 	TH_LOG("%u rounds, %llu replays", i, (unsigned long long)replays);
@@ -1113,7 +1115,7 @@ TEST_F(odp, implicit_across_children)
 	memcpy((char *)edge, &(uint64_t){ 7 }, 8);
 	ASSERT_EQ(IBV_WC_SUCCESS, fetch_add(&self->l, edge, mr->rkey, 5));
 	memcpy(&v, (char *)edge, 8);
-	EXPECT_EQ(12, v);
+	EXPECT_EQ(12ULL, v);
 
 	EXPECT_EQ(0, ibv_dereg_mr(mr));
 	munmap(area, 2 * CHILD_SIZE);
