@@ -38,10 +38,10 @@ am_series() {
 # Each series alone, on the base it names.
 for name in $series_list; do
 	scratch_at_base "$tree" "$root/src" "review-$name"
-	on=$(kernel_series_base "$name")
-	[ -z "$on" ] || am_series "$on"
+	chain=$(kernel_series_chain "$name")
+	for b in $chain; do am_series "$b"; done
 	am_series "$name"
-	log "series: $name applies with git am to ${on:+the $on series on }the base"
+	log "series: $name applies with git am to ${chain:+the $chain series on }the base"
 done
 
 # All of them: the tree we build and test, exactly.
@@ -83,7 +83,10 @@ stage "build the vanilla base with the fixes" "$TOP/scripts/build-kernel.sh" "$v
 cp "$(cat "$fixes/.bzimage")" "$fixes/fixes.bzImage"
 rm -f "$fixes/.bzimage"
 log "series: kernels for the fix_* tests: $fixes/vanilla.bzImage, $fixes/fixes.bzImage"
-# The rdma series on the fixes, every step compiled: each is a kernel a
-# bisection may stop at. (Its tests run on the whole stack, in make check.)
-am_series rdma "compile_step rdma"
-log "series: rdma: every step builds on the vanilla base with the fixes"
+# The series on the fixes (rxe, then rdma), every step compiled: each is a
+# kernel a bisection may stop at. (Their tests run on the whole stack, in
+# make check.)
+for name in $(kernel_series_chain rdma | cut -s -d' ' -f2-) rdma; do
+	am_series "$name" "compile_step $name"
+	log "series: $name: every step builds on the vanilla base with the fixes"
+done

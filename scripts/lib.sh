@@ -173,6 +173,17 @@ kernel_series_base() {
 	awk -v name="$1" '$1 == "series" && $2 == name { for (i = 3; i < NF; i++) if ($i == "on") print $(i + 1) }' \
 		"$TOP/kernel-patches/series"
 }
+# The series NAME applies on, the one nearest the base first: all of its
+# bases, not just the one it names.
+kernel_series_chain() {
+	local on chain=
+	on=$(kernel_series_base "$1")
+	while [ -n "$on" ]; do
+		chain="$on${chain:+ $chain}"
+		on=$(kernel_series_base "$on")
+	done
+	printf '%s\n' "$chain"
+}
 
 # The overlay entries of Kbuild, "repo-dir:tree-dir" each, one per line.
 overlay_entries() {
