@@ -6,8 +6,9 @@
 # --fixes (make check-series): also build the rdma fixes series on the vanilla
 # base step by step: the base itself (its kernel kept for the fix_* tests),
 # each fix's rxe objects, and the kernel with all the fixes, kept too; run.sh
-# boots both. Then the rdma series on top, step by step: drivers/infiniband
-# compiled after each of its patches. make check leaves this out: a full
+# boots both. Then every series that applies on the fixes (rxe, rdma,
+# rxe-import), in order, step by step: drivers/infiniband compiled after
+# each of its patches. make check leaves this out: a full
 # kernel build of a tree ccache shares little with ours (our series changes
 # widely included headers).
 . "$(dirname "$0")/lib.sh"
@@ -41,7 +42,9 @@ for name in $series_list; do
 	chain=$(kernel_series_chain "$name")
 	for b in $chain; do am_series "$b"; done
 	am_series "$name"
-	log "series: $name applies with git am to ${chain:+the $chain series on }the base"
+	under=
+	for b in $chain; do under="the $b series, on $under"; done
+	log "series: $name applies with git am on ${under}the base"
 done
 
 # All of them: the tree we build and test, exactly.
@@ -83,10 +86,13 @@ stage "build the vanilla base with the fixes" "$TOP/scripts/build-kernel.sh" "$v
 cp "$(cat "$fixes/.bzimage")" "$fixes/fixes.bzImage"
 rm -f "$fixes/.bzimage"
 log "series: kernels for the fix_* tests: $fixes/vanilla.bzImage, $fixes/fixes.bzImage"
-# The series on the fixes (rxe, then rdma), every step compiled: each is a
-# kernel a bisection may stop at. (Their tests run on the whole stack, in
-# make check.)
-for name in $(kernel_series_chain rdma | cut -s -d' ' -f2-) rdma; do
-	am_series "$name" "compile_step $name"
-	log "series: $name: every step builds on the vanilla base with the fixes"
+# The series on the fixes, in order, every step compiled: each is a kernel
+# a bisection may stop at. (Their tests run on the whole stack, in make
+# check.)
+for name in $(kernel_series); do
+	case " $(kernel_series_chain "$name") " in
+	*" rdma-fixes "*)
+		am_series "$name" "compile_step $name"
+		log "series: $name: every step builds on the vanilla base with the fixes" ;;
+	esac
 done

@@ -176,9 +176,12 @@ kernel_series_base() {
 # The series NAME applies on, the one nearest the base first: all of its
 # bases, not just the one it names.
 kernel_series_chain() {
-	local on chain=
+	local on chain= all
+	all=" $(kernel_series | paste -sd' ') "
 	on=$(kernel_series_base "$1")
 	while [ -n "$on" ]; do
+		case $all in *" $on "*) ;; *) die "series $1: it is on $on, which kernel-patches/series does not name" ;; esac
+		case " $chain " in *" $on "*) die "series $1: its bases form a cycle ($on $chain)" ;; esac
 		chain="$on${chain:+ $chain}"
 		on=$(kernel_series_base "$on")
 	done
