@@ -467,6 +467,7 @@ def test_implicit_mr_outliving_its_process(ctx, pd, local, touched):
                              start_new_session=True,
                              preexec_fn=lambda: libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0))
     holder = None
+    warnings = len(kernel_warnings())
     try:
         qpn, rkey, buf = (int(x) for x in owner.stdout.readline().split())
         peer = LoopbackQP(ctx, pd, connect=False)
@@ -492,6 +493,9 @@ def test_implicit_mr_outliving_its_process(ctx, pd, local, touched):
         status = peer.rdma(e.IBV_WR_RDMA_WRITE, local, local.buf, 64, remote, buf + (1 << 30),
                            timeout=120)
         assert status == e.IBV_WC_REM_ACCESS_ERR, f"status {status}"
+        # A use of the freed mm is KASAN's to see (debug kernel): blame it here.
+        new = kernel_warnings()[warnings:]
+        assert not new, new
     finally:
         with contextlib.suppress(ProcessLookupError):  # the holder, if any
             os.killpg(owner.pid, signal.SIGKILL)
