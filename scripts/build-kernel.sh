@@ -45,14 +45,10 @@ export KBUILD_BUILD_TIMESTAMP="odpwatch" KBUILD_BUILD_USER=odpwatch KBUILD_BUILD
 # LOCALVERSION set (even empty) keeps setlocalversion from appending "+".
 kmake() { make -C "$src" O="$build" LOCALVERSION= CC="ccache gcc" HOSTCC="ccache gcc" -j"$(nproc)" "$@"; }
 
-want=$(key_of "${frags[@]}")
-if [ "$(cat "$build/.odpwatch-config-key" 2>/dev/null)" != "$want" ] || [ ! -f "$build/.config" ]; then
-	log "kernel: configuring ($variant): tinyconfig + ${frags[*]##*/}"
-	kmake -s tinyconfig >/dev/null
-	"$src/scripts/kconfig/merge_config.sh" -m -O "$build" "$build/.config" "${frags[@]}" >"$build/merge.log" 2>&1
-	kmake -s olddefconfig >/dev/null
-	# Every option we asked for must have survived olddefconfig. An option
-	# named twice (kernel.config, then debug.config) keeps the last value.
+# The options we asked for that .config does not have. An option named twice
+# (kernel.config, then debug.config) keeps the last value.
+config_missing() {
+	local bad
 	bad=$(cat "${frags[@]}" | grep -E '^CONFIG_|^# CONFIG_.* is not set' |
 		awk '{ opt = $1 == "#" ? $2 : $1; sub(/=.*/, "", opt); last[opt] = $0 }
 			END { for (o in last) print last[o] }' | sort | while read -r line; do
@@ -62,7 +58,22 @@ if [ "$(cat "$build/.odpwatch-config-key" 2>/dev/null)" != "$want" ] || [ ! -f "
 		*) grep -qxF "$line" "$build/.config" || echo "$line" ;;
 		esac
 	done | sort -u)
-	bad=$(for o in $bad; do case $o in CONFIG_LOCALVERSION=*) ;; *) echo "$o" ;; esac; done)
+	for o in $bad; do case $o in CONFIG_LOCALVERSION=*) ;; *) echo "$o" ;; esac; done
+}
+
+# Configured again when the fragments change, and when .config lost an
+# option: a build of a tree whose Kconfig lacks one (an early step of a
+# series, built in this directory) drops it from .config (syncconfig), and
+# the next build would otherwise go on without it.
+want=$(key_of "${frags[@]}")
+if [ "$(cat "$build/.odpwatch-config-key" 2>/dev/null)" != "$want" ] || [ ! -f "$build/.config" ] ||
+	[ -n "$(config_missing)" ]; then
+	log "kernel: configuring ($variant): tinyconfig + ${frags[*]##*/}"
+	kmake -s tinyconfig >/dev/null
+	"$src/scripts/kconfig/merge_config.sh" -m -O "$build" "$build/.config" "${frags[@]}" >"$build/merge.log" 2>&1
+	kmake -s olddefconfig >/dev/null
+	# Every option we asked for must have survived olddefconfig.
+	bad=$(config_missing)
 	[ -z "$bad" ] || die "config options that did not take (missing dependency?): $(echo $bad)"
 	echo "$want" >"$build/.odpwatch-config-key"
 fi

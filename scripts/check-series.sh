@@ -7,8 +7,8 @@
 # base step by step: the base itself (its kernel kept for the fix_* tests),
 # each fix's rxe objects, and the kernel with all the fixes, kept too; run.sh
 # boots both. Then every series that applies on the fixes (rxe, rdma,
-# rxe-import), in order, step by step: drivers/infiniband compiled after
-# each of its patches. make check leaves this out: a full
+# rxe-import), each on its own chain, step by step: drivers/infiniband
+# compiled after each of its patches. make check leaves this out: a full
 # kernel build of a tree ccache shares little with ours (our series changes
 # widely included headers).
 . "$(dirname "$0")/lib.sh"
@@ -86,13 +86,16 @@ stage "build the vanilla base with the fixes" "$TOP/scripts/build-kernel.sh" "$v
 cp "$(cat "$fixes/.bzimage")" "$fixes/fixes.bzImage"
 rm -f "$fixes/.bzimage"
 log "series: kernels for the fix_* tests: $fixes/vanilla.bzImage, $fixes/fixes.bzImage"
-# The series on the fixes, in order, every step compiled: each is a kernel
-# a bisection may stop at. (Their tests run on the whole stack, in make
-# check.)
+# Every series on the fixes, each on its own chain (the fixes, then the
+# series it names, applied without compiling), every step of its own
+# compiled: each is a kernel a bisection may stop at. (Their tests run on
+# the whole stack, in make check.)
+fixes_head=$(g rev-parse HEAD)
 for name in $(kernel_series); do
-	case " $(kernel_series_chain "$name") " in
-	*" rdma-fixes "*)
-		am_series "$name" "compile_step $name"
-		log "series: $name: every step builds on the vanilla base with the fixes" ;;
-	esac
+	chain=$(kernel_series_chain "$name")
+	case " $chain " in *" rdma-fixes "*) ;; *) continue ;; esac
+	g checkout -q -B "fixes-$name" "$fixes_head"
+	for b in $chain; do [ "$b" = rdma-fixes ] || am_series "$b"; done
+	am_series "$name" "compile_step $name"
+	log "series: $name: every step builds on the vanilla base with ${chain// / and }"
 done

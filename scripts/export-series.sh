@@ -103,7 +103,8 @@ for name in $names; do
 	[ -f "$TOP/kernel-patches/cover-$name.txt" ] || die "series $name: no cover letter kernel-patches/cover-$name.txt"
 	scratch_at_base "$tree" "$work" "series-$name"
 	on=$(kernel_series_base "$name")
-	for b in $(kernel_series_chain "$name"); do apply "$b"; done
+	chain=$(kernel_series_chain "$name")
+	for b in $chain; do apply "$b"; done
 	from=$(g rev-parse HEAD)
 	apply "$name"
 	prefix=PATCH
@@ -113,8 +114,9 @@ for name in $names; do
 	g format-patch -q --cover-letter --zero-commit --subject-prefix="$prefix" \
 		-o "$OUT/series/$name" "$from..HEAD"
 	if [ -n "$on" ]; then
+		# The chain but its last, which is $on.
 		under=
-		for b in $(kernel_series_chain "$on"); do under="the $b series, on $under"; done
+		case $chain in *" "*) for b in ${chain% *}; do under="the $b series, on $under"; done ;; esac
 		fill_cover "$OUT/series/$name" "$TOP/kernel-patches/cover-$name.txt" \
 			"Applies on top of the $on series, on $under""Debian's $BASE_PKG $BASE_VERSION."
 	else
