@@ -42,9 +42,7 @@ for name in $series_list; do
 	chain=$(kernel_series_chain "$name")
 	for b in $chain; do am_series "$b"; done
 	am_series "$name"
-	under=
-	for b in $chain; do under="the $b series, on $under"; done
-	log "series: $name applies with git am on ${under}the base"
+	log "series: $name applies with git am on $(kernel_series_chain_text "$chain")the base"
 done
 
 # All of them: the tree we build and test, exactly.

@@ -114,11 +114,8 @@ for name in $names; do
 	g format-patch -q --cover-letter --zero-commit --subject-prefix="$prefix" \
 		-o "$OUT/series/$name" "$from..HEAD"
 	if [ -n "$on" ]; then
-		# The chain but its last, which is $on.
-		under=
-		case $chain in *" "*) for b in ${chain% *}; do under="the $b series, on $under"; done ;; esac
 		fill_cover "$OUT/series/$name" "$TOP/kernel-patches/cover-$name.txt" \
-			"Applies on top of the $on series, on $under""Debian's $BASE_PKG $BASE_VERSION."
+			"Applies on top of $(kernel_series_chain_text "$chain")Debian's $BASE_PKG $BASE_VERSION."
 	else
 		fill_cover "$OUT/series/$name" "$TOP/kernel-patches/cover-$name.txt" \
 			"Applies to Debian's $BASE_PKG $BASE_VERSION."

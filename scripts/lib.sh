@@ -187,6 +187,13 @@ kernel_series_chain() {
 	done
 	printf '%s\n' "$chain"
 }
+# A chain of series (kernel_series_chain's words) as the text that goes
+# before the base: "the rxe series, on the rdma-fixes series, on ".
+kernel_series_chain_text() {
+	local b text=
+	for b in $1; do text="the $b series, on $text"; done
+	printf '%s' "$text"
+}
 
 # The overlay entries of Kbuild, "repo-dir:tree-dir" each, one per line.
 overlay_entries() {
