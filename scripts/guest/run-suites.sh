@@ -17,8 +17,11 @@ RDMA_DEV=${RDMA_DEV:-rxe0}
 # pyverbs on vanilla 7.3 after CQ errors): ours (our series over Debian's
 # 56.1) with the modules the series adds, then Debian's own packages
 # (/stock, chrooted) on the same kernel, for the regression comparison.
+# Debian's test_cq.CQTest (test_resize_cq) races with rxe's completions and
+# failed 6 of 20 stock runs: our rdma-core patch 0002 fixes the test, and
+# the comparison takes only CQAPITest from Debian's (a test unit per entry).
 RDMA_CORE_MODULES=${RDMA_CORE_MODULES:-test_odp test_mr test_qp test_cq test_shared_pd}
-RDMA_CORE_STOCK_MODULES=${RDMA_CORE_STOCK_MODULES:-test_odp test_mr test_qp test_cq}
+RDMA_CORE_STOCK_MODULES=${RDMA_CORE_STOCK_MODULES:-test_odp test_mr test_qp test_cq.CQAPITest}
 
 # memwatch_scale adds 1M watches; on the debug kernel (KASAN, lockdep under
 # TCG) a smaller count keeps the run inside its time, and so does a 32 MiB

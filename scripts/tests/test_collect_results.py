@@ -442,6 +442,23 @@ class Parsers(unittest.TestCase):
         with self.assertRaises(SystemExit):
             self.run_main("odpwatch: kernel k\n", floor="test_mr many\n")
 
+    def test_a_stock_entry_can_be_one_test_class(self):
+        # run-suites.sh runs only CQAPITest of Debian's test_cq: its log and
+        # plan entry name the class, its tests count for test_cq's floor.
+        d = Path(self.dir.name)
+        self.write("rdma-core-stock.modules", "test_mr test_cq.CQAPITest\n")
+        self.write("rdma-core-stock.test_cq.CQAPITest.log",
+                   "test_c (tests.test_cq.CQAPITest.test_c) ... ok\nRan 1 test in 0s\nOK\n")
+        rc, out, res = self.run_main("odpwatch: kernel k\n", floor="test_mr 1\ntest_cq 1\n")
+        self.assertIn("Debian's rdma-core passed 1 of test_cq (floor 1)", out)
+        # ...and the comparison holds ours to it: not run with ours fails.
+        self.assertIn("passed with Debian's rdma-core, not run with ours", out)
+        # A planned class that left no log fails.
+        (d / "rdma-core-stock.test_cq.CQAPITest.log").unlink()
+        rc, out, res = self.run_main("odpwatch: kernel k\n")
+        self.assertEqual(rc, 1, out)
+        self.assertIn("rdma-core-stock.test_cq.CQAPITest.log: run", out)
+
     def test_a_wanted_suite_that_left_nothing_fails(self):
         for f in ("selftests.ktap", "pyverbs-tests.xml", "pyverbs-tests.status", "rdma-core.test_mr.log",
                   "cluster/node0/cluster.xml", "cluster/node0/cluster.status",
