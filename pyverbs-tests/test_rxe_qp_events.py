@@ -6,6 +6,8 @@ teardown relies on, one Last WQE Reached event per entry into the error
 state and a retry count of 7 that runs out, are kselftests of the rdma
 fixes: rxe_odp_data's fix_* cases, run on the vanilla base too.)"""
 import contextlib
+import ctypes
+import time
 
 import pytest
 import pyverbs.enums as e
@@ -14,7 +16,7 @@ from pyverbs.qp import QPAttr
 from pyverbs.srq import SRQ, SrqAttr, SrqInitAttr
 from pyverbs.wr import RecvWR, SGE, SendWR
 
-from conftest import (LoopbackQP, async_events, mmap_anon, munmap, next_completion,
+from conftest import (LoopbackQP, async_events, hw_counter, mmap_anon, munmap, next_completion,
                       odp_mr_past_a_files_end)
 
 
@@ -124,3 +126,55 @@ def test_srq_receive_held_across_an_rnr_nak_is_flushed_with_the_qp(ctx, pd):
         pinned.close()
         munmap(src, length)
         munmap(dst, length)
+
+
+@pytest.mark.parametrize("odp", [False, True], ids=["pinned", "odp"])
+def test_write_with_imm_into_an_empty_srq_lands_once_a_receive_comes(ctx, pd, odp):
+    """An RDMA WRITE with immediate of ten packets into a QP whose SRQ is
+    empty: its last packet writes its data, finds no receive and is answered
+    RNR, and gives its progress back; sent again once a receive is posted,
+    it writes the same bytes at the same place. Every byte where it belongs,
+    none beyond, one receive taken with the immediate."""
+    length, offset, size = 10000, 100, 16 << 10
+    srq = SRQ(pd, SrqInitAttr(SrqAttr(max_wr=4, max_sge=1)))
+    sender = LoopbackQP(ctx, pd, connect=False)
+    receiver = LoopbackQP(ctx, pd, connect=False, srq=srq)
+    sender.connect(receiver.qp.qp_num)
+    receiver.connect(sender.qp.qp_num)
+    src, dst = mmap_anon(size), mmap_anon(size)
+    data = bytes((i * 11 + 5) & 0xFF for i in range(length))
+    ctypes.memmove(src, data, length)
+    pinned = MR(pd, size, e.IBV_ACCESS_LOCAL_WRITE, address=src)
+    target = MR(pd, size, REMOTE | (e.IBV_ACCESS_ON_DEMAND if odp else 0), address=dst)
+    sink = MR(pd, 64, e.IBV_ACCESS_LOCAL_WRITE)
+    try:
+        rnr0 = hw_counter("rcvd_rnr_err")
+        wr = SendWR(wr_id=3, opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=1,
+                    sg=[SGE(src, length, pinned.lkey)], imm_data=7)
+        wr.set_wr_rdma(target.rkey, dst + offset)
+        sender.qp.post_send(wr)
+        deadline = time.monotonic() + 30
+        while hw_counter("rcvd_rnr_err") == rnr0:
+            assert time.monotonic() < deadline, "no RNR NAK while the SRQ was empty"
+        # Past any fault of the ODP pages: the last packet has met the
+        # empty SRQ, again and again.
+        time.sleep(1)
+        n, _ = receiver.cq.poll()
+        assert n == 0, "a completion with no receive posted"
+        srq.post_recv(RecvWR(wr_id=5, num_sge=1, sg=[SGE(sink.buf, 64, sink.lkey)]))
+        assert sender.wait(timeout=30) == e.IBV_WC_SUCCESS
+        got = next_completion(receiver.cq, timeout=30)
+        assert (got.wr_id, got.status, got.opcode) == (5, e.IBV_WC_SUCCESS,
+                                                       e.IBV_WC_RECV_RDMA_WITH_IMM)
+        assert got.imm_data in (7, 7 << 24), got.imm_data  # as it came off the wire, or not
+        assert ctypes.string_at(dst + offset, length) == data, "the data is not where it went"
+        assert ctypes.string_at(dst, offset) == bytes(offset), "bytes before it changed"
+        rest = size - offset - length
+        after = ctypes.string_at(dst + offset + length, rest)
+        assert after == bytes(rest), "bytes after it changed"
+    finally:
+        sink.close()
+        target.close()
+        pinned.close()
+        munmap(src, size)
+        munmap(dst, size)
