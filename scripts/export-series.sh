@@ -50,6 +50,21 @@ open(path, "w").write(text)
 PY
 }
 
+# note_below PATCH TEXT WHERE: TEXT's body (its first line, a subject, left
+# out) and the line WHERE go below PATCH's "---" line, before the diffstat.
+note_below() {
+	python3 - "$1" "$2" "$3" <<'PY'
+import sys
+path, body_file, where = sys.argv[1:]
+body = open(body_file).read().split("\n", 1)[1].strip("\n")
+text = open(path).read()
+if "\n---\n" not in text:
+    sys.exit(f"{path}: no '---' line")
+text = text.replace("\n---\n", "\n---\n" + body + "\n\n" + where + "\n\n", 1)
+open(path, "w").write(text)
+PY
+}
+
 tree=$("$TOP/scripts/materialise.sh")
 work=$CACHE/series-export
 g() { git -C "$work" -c user.name="odpwatch developers" -c user.email=odpwatch@localhost "$@"; }
@@ -110,18 +125,26 @@ for name in $names; do
 	prefix=PATCH
 	tag=$(tag_of "$name")
 	[ -z "$tag" ] || prefix="PATCH $tag"
-	# No --base: our import commit's hash is local; the cover letter names the base.
-	g format-patch -q --cover-letter --zero-commit --subject-prefix="$prefix" \
-		-o "$OUT/series/$name" "$from..HEAD"
 	if [ -n "$on" ]; then
-		fill_cover "$OUT/series/$name" "$TOP/kernel-patches/cover-$name.txt" \
-			"Applies on top of $(kernel_series_chain_text "$chain")Debian's $BASE_PKG $BASE_VERSION."
+		where="Applies on top of $(kernel_series_chain_text "$chain")Debian's $BASE_PKG $BASE_VERSION."
 	else
-		fill_cover "$OUT/series/$name" "$TOP/kernel-patches/cover-$name.txt" \
-			"Applies to Debian's $BASE_PKG $BASE_VERSION."
+		where="Applies to Debian's $BASE_PKG $BASE_VERSION."
+	fi
+	# No --base: our import commit's hash is local; the cover letter names
+	# the base. A series of one patch goes without a cover letter, its text
+	# below the patch's "---", where git am leaves it out.
+	if [ "$(g rev-list --count "$from..HEAD")" = 1 ]; then
+		g format-patch -q --zero-commit --subject-prefix="$prefix" -o "$OUT/series/$name" "$from..HEAD"
+		note_below "$OUT/series/$name"/0001-*.patch "$TOP/kernel-patches/cover-$name.txt" "$where"
+	else
+		g format-patch -q --cover-letter --zero-commit --subject-prefix="$prefix" \
+			-o "$OUT/series/$name" "$from..HEAD"
+		fill_cover "$OUT/series/$name" "$TOP/kernel-patches/cover-$name.txt" "$where"
 	fi
 	sign "$OUT/series/$name"/*.patch
-	log "series: $name: cover letter + $(g rev-list --count "$from..HEAD") patches in $OUT/series/$name${on:+ (on $on)}"
+	n=$(g rev-list --count "$from..HEAD")
+	if [ "$n" = 1 ]; then what="1 patch, its cover text below the ---"; else what="cover letter + $n patches"; fi
+	log "series: $name: $what in $OUT/series/$name${on:+ (on $on)}"
 done
 log "series: signed by $identity"
 
