@@ -85,11 +85,12 @@ class LoopbackQP:
         self.qp.to_rts(self.attr)
 
     @classmethod
-    def pair(cls, ctx, pd):
+    def pair(cls, ctx, pd, srq=None):
         """Two QPs connected to each other: a responder's error (which moves
         it to the error state) then cannot flush the requester's request
-        before the NAK completes it, as it may on a QP connected to itself."""
-        a, b = cls(ctx, pd, connect=False), cls(ctx, pd, connect=False)
+        before the NAK completes it, as it may on a QP connected to itself.
+        srq: the shared receive queue the second one's receives come from."""
+        a, b = cls(ctx, pd, connect=False), cls(ctx, pd, connect=False, srq=srq)
         a.connect(b.qp.qp_num)
         b.connect(a.qp.qp_num)
         return a, b

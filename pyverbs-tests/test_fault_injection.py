@@ -377,10 +377,7 @@ def test_send_into_an_odp_receive_buffer_survives_a_transient_fault(ctx, pd, que
     pieces, nth = RECEIVES[receive]
     length = 16 << 10
     srq = SRQ(pd, SrqInitAttr(SrqAttr(max_wr=4, max_sge=2))) if queue == "srq" else None
-    sender = LoopbackQP(ctx, pd, connect=False)
-    receiver = LoopbackQP(ctx, pd, connect=False, srq=srq)
-    sender.connect(receiver.qp.qp_num)
-    receiver.connect(sender.qp.qp_num)
+    sender, receiver = LoopbackQP.pair(ctx, pd, srq=srq)
     src, dst = mmap_anon(length), mmap_anon(length)
     data = bytes((i * 13 + 5) & 0xFF for i in range(length))
     ctypes.memmove(src, data, length)

@@ -63,10 +63,7 @@ def test_write_with_imm_error_on_an_srq_reaches_the_responder(ctx, pd, local, re
     QP went to the error state silently (review M1). The same for a length
     beyond the MR and a copy that fails for good, pinned and ODP."""
     srq = SRQ(pd, SrqInitAttr(SrqAttr(max_wr=4, max_sge=1)))
-    sender, receiver = LoopbackQP(ctx, pd, connect=False), LoopbackQP(ctx, pd, connect=False,
-                                                                      srq=srq)
-    sender.connect(receiver.qp.qp_num)
-    receiver.connect(sender.qp.qp_num)
+    sender, receiver = LoopbackQP.pair(ctx, pd, srq=srq)
     sink = MR(pd, 4096, e.IBV_ACCESS_LOCAL_WRITE)
     for i in range(receives):
         srq.post_recv(RecvWR(wr_id=70 + i, num_sge=1, sg=[SGE(sink.buf, 64, sink.lkey)]))
@@ -137,10 +134,7 @@ def test_write_with_imm_into_an_empty_srq_lands_once_a_receive_comes(ctx, pd, od
     none beyond, one receive taken with the immediate."""
     length, offset, size = 10000, 100, 16 << 10
     srq = SRQ(pd, SrqInitAttr(SrqAttr(max_wr=4, max_sge=1)))
-    sender = LoopbackQP(ctx, pd, connect=False)
-    receiver = LoopbackQP(ctx, pd, connect=False, srq=srq)
-    sender.connect(receiver.qp.qp_num)
-    receiver.connect(sender.qp.qp_num)
+    sender, receiver = LoopbackQP.pair(ctx, pd, srq=srq)
     src, dst = mmap_anon(size), mmap_anon(size)
     data = bytes((i * 11 + 5) & 0xFF for i in range(length))
     ctypes.memmove(src, data, length)
