@@ -133,17 +133,18 @@ for name in $names; do
 	# No --base: our import commit's hash is local; the cover letter names
 	# the base. A series of one patch goes without a cover letter, its text
 	# below the patch's "---", where git am leaves it out.
-	if [ "$(g rev-list --count "$from..HEAD")" = 1 ]; then
+	n=$(g rev-list --count "$from..HEAD")
+	if [ "$n" = 1 ]; then
+		what="1 patch, its cover text below the ---"
 		g format-patch -q --zero-commit --subject-prefix="$prefix" -o "$OUT/series/$name" "$from..HEAD"
 		note_below "$OUT/series/$name"/0001-*.patch "$TOP/kernel-patches/cover-$name.txt" "$where"
 	else
 		g format-patch -q --cover-letter --zero-commit --subject-prefix="$prefix" \
 			-o "$OUT/series/$name" "$from..HEAD"
 		fill_cover "$OUT/series/$name" "$TOP/kernel-patches/cover-$name.txt" "$where"
+		what="cover letter + $n patches"
 	fi
 	sign "$OUT/series/$name"/*.patch
-	n=$(g rev-list --count "$from..HEAD")
-	if [ "$n" = 1 ]; then what="1 patch, its cover text below the ---"; else what="cover letter + $n patches"; fi
 	log "series: $name: $what in $OUT/series/$name${on:+ (on $on)}"
 done
 log "series: signed by $identity"
